@@ -1,0 +1,3 @@
+from gpu_tailor.cli import main
+
+raise SystemExit(main())

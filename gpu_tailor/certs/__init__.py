@@ -1,0 +1,1 @@
+"""A CA and serving certificates for the webhook, built with cryptography."""

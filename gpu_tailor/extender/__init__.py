@@ -1,0 +1,1 @@
+"""kube-scheduler extender: filter and score nodes by per-GPU occupancy and NVLink topology."""

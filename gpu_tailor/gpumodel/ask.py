@@ -1,0 +1,251 @@
+"""What GPU a pod asks for, read from a Pod object (a dict as the API returns it).
+
+Per container: the virtual resources ``gpu-tailor.io/gpu-milli`` (thousandths of a GPU; multiples of
+1000 are whole GPUs) and ``gpu-tailor.io/gpu-memory`` (bytes), or native NVIDIA resources. For the pod:
+its effective request the way the scheduler computes it -- the larger of the app containers' sum and
+the largest init container (restartable "sidecar" init containers run alongside both, so they count
+in both) -- plus the annotations that constrain placement.
+
+Invalid values become ``AskError`` records, never exceptions: the webhook turns them into a denial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.quantity import QuantityError, format_bytes, parse_bytes, parse_count
+from gpu_tailor.gpumodel.resources import is_gpu_resource, is_nvidia_resource, parse_resource
+
+
+class Isolation(StrEnum):
+    ANY = "any"
+    MIG = "mig"
+    MPS = "mps"
+    TIME_SLICING = "time-slicing"
+    EXCLUSIVE = "exclusive"
+
+
+class Topology(StrEnum):
+    NVLINK = "nvlink"
+    PREFER_NVLINK = "prefer-nvlink"
+    ANY = "any"
+
+
+@dataclass(frozen=True, slots=True)
+class AskError:
+    code: str  # invalid-value | ambiguous | unknown-resource | invalid-annotation
+    message: str
+    container: str | None = None
+    field: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    resource: str
+    request: str
+    limit: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerAsk:
+    name: str
+    init: bool
+    sidecar: bool  # init container with restartPolicy Always (runs for the pod's whole life)
+    index: int  # position in its list (containers or initContainers), for JSON paths
+    milli: int = 0  # gpu-tailor.io/gpu-milli
+    memory_bytes: int = 0  # gpu-tailor.io/gpu-memory
+    native: dict[str, int] = field(default_factory=dict)  # nvidia.com/* -> count
+    requests: dict[str, str] = field(default_factory=dict)  # GPU resources only, as written
+    limits: dict[str, str] = field(default_factory=dict)
+    mismatches: tuple[Mismatch, ...] = ()
+    missing_limits: tuple[str, ...] = ()  # GPU resources with a request and no limit
+
+    @property
+    def virtual(self) -> bool:
+        return bool(self.milli or self.memory_bytes)
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.virtual or any(self.native.values())
+
+    @property
+    def whole_gpus(self) -> int:
+        """GPUs a gpu-milli ask of a multiple of 1000 wants (0 for a fraction)."""
+        return self.milli // 1000 if self.milli >= 1000 else 0
+
+    @property
+    def path(self) -> str:
+        return f"/spec/{'initContainers' if self.init else 'containers'}/{self.index}"
+
+    def canonical(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.milli:
+            out["gpuMilli"] = self.milli
+        if self.memory_bytes:
+            out["gpuMemory"] = format_bytes(self.memory_bytes)
+        if self.native:
+            out["native"] = dict(sorted(self.native.items()))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class PodAsk:
+    containers: tuple[ContainerAsk, ...]
+    isolation: Isolation = Isolation.ANY
+    products: tuple[str, ...] = ()
+    topology: Topology = Topology.PREFER_NVLINK
+    errors: tuple[AskError, ...] = ()
+    effective_milli: int = 0
+    effective_memory_bytes: int = 0
+    effective_native: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def has_gpu(self) -> bool:
+        return any(c.has_gpu for c in self.containers)
+
+    @property
+    def virtual(self) -> bool:
+        return any(c.virtual for c in self.containers)
+
+    @property
+    def gpu_containers(self) -> tuple[ContainerAsk, ...]:
+        return tuple(c for c in self.containers if c.has_gpu)
+
+    def canonical(self) -> dict[str, Any]:
+        """A stable description of the ask for the ``gpu-tailor.io/ask`` annotation."""
+        out: dict[str, Any] = {
+            "containers": {("init:" if c.init else "") + c.name: c.canonical() for c in self.gpu_containers},
+            "isolation": self.isolation.value,
+            "topology": self.topology.value,
+        }
+        if self.products:
+            out["products"] = list(self.products)
+        return out
+
+
+def _effective(containers: Iterable[ContainerAsk], value: Any) -> int:
+    """Kubernetes' effective pod request for one quantity (KEP-753 sidecars included)."""
+    app = 0
+    init_peak = 0
+    sidecars = 0
+    for c in containers:
+        v = int(value(c))
+        if c.init and c.sidecar:
+            sidecars += v
+            init_peak = max(init_peak, sidecars)
+        elif c.init:
+            init_peak = max(init_peak, sidecars + v)
+        else:
+            app += v
+    return max(app + sidecars, init_peak)
+
+
+def _container(raw: dict[str, Any], index: int, init: bool, errors: list[AskError]) -> ContainerAsk:
+    name = str(raw.get("name", f"#{index}"))
+    resources = raw.get("resources") or {}
+    requests = {str(k): str(v) for k, v in (resources.get("requests") or {}).items() if is_gpu_resource(str(k))}
+    limits = {str(k): str(v) for k, v in (resources.get("limits") or {}).items() if is_gpu_resource(str(k))}
+    mismatches: list[Mismatch] = []
+    values: dict[str, str] = {}
+    for key in sorted(set(requests) | set(limits)):
+        req, lim = requests.get(key), limits.get(key)
+        if req is not None and lim is not None and req != lim and not _same_quantity(req, lim):
+            mismatches.append(Mismatch(key, req, lim))
+        chosen = lim if lim is not None else req
+        assert chosen is not None
+        values[key] = chosen
+
+    milli = 0
+    memory = 0
+    native: dict[str, int] = {}
+    for key, value in values.items():
+        try:
+            if key == labels.GPU_MILLI:
+                milli = parse_count(value)
+                if milli == 0 or (milli > 1000 and milli % 1000):
+                    errors.append(AskError("invalid-value", f"{key}={value}: must be 1..1000 (a fraction of one GPU) "
+                                           "or a multiple of 1000 (whole GPUs)", name, key))
+                    milli = 0
+            elif key == labels.GPU_MEMORY_RESOURCE:
+                memory = parse_bytes(value)
+                if memory == 0:
+                    errors.append(AskError("invalid-value", f"{key}={value}: must be more than zero", name, key))
+            elif is_nvidia_resource(key):
+                count = parse_count(value)
+                if parse_resource(key) is None:
+                    errors.append(AskError("unknown-resource", f"{key} is not an NVIDIA GPU resource this cluster "
+                                           "can offer (expected nvidia.com/gpu, nvidia.com/gpu.shared or "
+                                           "nvidia.com/mig-<g>g.<m>gb)", name, key))
+                elif count:
+                    native[key] = count
+            else:
+                errors.append(AskError("unknown-resource", f"{key} is not a gpu-tailor.io resource (expected "
+                                       f"{labels.GPU_MILLI} or {labels.GPU_MEMORY_RESOURCE})", name, key))
+        except QuantityError as exc:
+            errors.append(AskError("invalid-value", f"{key}: {exc}", name, key))
+    if (milli or memory) and native:
+        errors.append(AskError("ambiguous", f"container {name} mixes gpu-tailor.io resources with "
+                               f"{', '.join(sorted(native))}; ask either a portable amount or a native resource",
+                               name, None))
+    return ContainerAsk(
+        name=name, init=init, sidecar=init and raw.get("restartPolicy") == "Always", index=index,
+        milli=milli, memory_bytes=memory, native=native, requests=requests, limits=limits,
+        mismatches=tuple(mismatches), missing_limits=tuple(k for k in sorted(requests) if k not in limits))
+
+
+def _same_quantity(a: str, b: str) -> bool:
+    try:
+        return parse_bytes(a) == parse_bytes(b)
+    except QuantityError:
+        return False
+
+
+def _enum_annotation(annotations: dict[str, str], key: str, enum: type[Any], default: Any,
+                     errors: list[AskError]) -> Any:
+    raw = annotations.get(key)
+    if raw is None:
+        return default
+    try:
+        return enum(raw.strip().lower())
+    except ValueError:
+        allowed = " | ".join(e.value for e in enum)
+        errors.append(AskError("invalid-annotation", f"annotation {key}={raw!r}: must be one of {allowed}", None, key))
+        return default
+
+
+def from_pod(pod: dict[str, Any]) -> PodAsk:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+    errors: list[AskError] = []
+    containers: list[ContainerAsk] = []
+    for init, key in ((True, "initContainers"), (False, "containers")):
+        for i, raw in enumerate(spec.get(key) or []):
+            if isinstance(raw, dict):
+                containers.append(_container(raw, i, init, errors))
+    isolation = _enum_annotation(annotations, labels.ANN_ISOLATION, Isolation, Isolation.ANY, errors)
+    topology = _enum_annotation(annotations, labels.ANN_TOPOLOGY, Topology, Topology.PREFER_NVLINK, errors)
+    products: tuple[str, ...] = ()
+    raw_products = annotations.get(labels.ANN_GPU_PRODUCT)
+    if raw_products is not None:
+        products = tuple(p.strip() for p in raw_products.split("|"))
+        if not products or any(not p for p in products):
+            errors.append(AskError("invalid-annotation", f"annotation {labels.ANN_GPU_PRODUCT}={raw_products!r}: "
+                                   "expected products or models separated by '|', e.g. A100|H100", None,
+                                   labels.ANN_GPU_PRODUCT))
+            products = tuple(p for p in products if p)
+    native_keys = sorted({k for c in containers for k in c.native})
+    return PodAsk(
+        containers=tuple(containers),
+        isolation=isolation,
+        products=products,
+        topology=topology,
+        errors=tuple(errors),
+        effective_milli=_effective(containers, lambda c: c.milli),
+        effective_memory_bytes=_effective(containers, lambda c: c.memory_bytes),
+        effective_native={k: _effective(containers, lambda c, k=k: c.native.get(k, 0)) for k in native_keys},
+    )

@@ -1,0 +1,49 @@
+"""Every label, annotation and resource-name constant the project reads or writes.
+
+One home for these strings, so the webhook, the extender and the simulator can never disagree on a
+spelling. The NVIDIA names are those written by GPU Feature Discovery (GFD) and the GPU operator.
+"""
+
+from __future__ import annotations
+
+# --- NVIDIA GPU Feature Discovery / GPU operator node labels -----------------------------------
+GFD_PREFIX = "nvidia.com/"
+GPU_PRESENT = "nvidia.com/gpu.present"
+GPU_COUNT = "nvidia.com/gpu.count"
+GPU_PRODUCT = "nvidia.com/gpu.product"
+GPU_MEMORY = "nvidia.com/gpu.memory"  # MiB per device (per MIG device under single strategy)
+GPU_FAMILY = "nvidia.com/gpu.family"  # architecture: ampere, hopper, turing, volta ...
+GPU_REPLICAS = "nvidia.com/gpu.replicas"
+GPU_SHARING_STRATEGY = "nvidia.com/gpu.sharing-strategy"  # none | time-slicing | mps
+GPU_DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
+MIG_STRATEGY = "nvidia.com/mig.strategy"  # none | single | mixed
+MIG_CAPABLE = "nvidia.com/mig.capable"
+MIG_CONFIG = "nvidia.com/mig.config"
+MPS_CAPABLE = "nvidia.com/mps.capable"
+MIG_LABEL_PREFIX = "nvidia.com/mig-"  # nvidia.com/mig-<profile>.count / .memory / .replicas
+
+# Not published by GFD; an operator may set it to describe the GPU interconnect of a node.
+TOPOLOGY_LABEL = "gpu-tailor.io/gpu-topology"  # nvswitch | nvlink-pairs | pcie
+
+# --- NVIDIA extended resources -----------------------------------------------------------------
+RESOURCE_DOMAIN = "nvidia.com"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_SHARED_RESOURCE = "nvidia.com/gpu.shared"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+
+# --- gpu-tailor's own vocabulary ---------------------------------------------------------------
+TAILOR_DOMAIN = "gpu-tailor.io"
+GPU_MILLI = "gpu-tailor.io/gpu-milli"
+GPU_MEMORY_RESOURCE = "gpu-tailor.io/gpu-memory"
+VIRTUAL_RESOURCES = (GPU_MILLI, GPU_MEMORY_RESOURCE)
+
+ANN_ISOLATION = "gpu-tailor.io/isolation"
+ANN_GPU_PRODUCT = "gpu-tailor.io/gpu-product"
+ANN_TOPOLOGY = "gpu-tailor.io/topology"
+ANN_ASK = "gpu-tailor.io/ask"
+ANN_BACKING = "gpu-tailor.io/backing"
+ANN_GPUS = "gpu-tailor.io/gpus"
+
+NAMESPACE_OPT_IN_LABEL = "gpu-tailor.io/enabled"
+POD_OPT_OUT_LABEL = "gpu-tailor.io/skip"
+DEFAULT_SCHEDULER_NAME = "gpu-tailor-scheduler"

@@ -1,0 +1,162 @@
+"""Per-GPU occupancy of one node: who holds which GPU, slice, replica or share.
+
+Kubernetes counts ``nvidia.com/*`` per node only; which physical GPU a pod got is decided by the
+device plugin at container start. Sharing decisions need it per GPU: a 600-milli pod does not fit a
+node whose free 800 milli are spread as 400 + 400. So each node keeps, per GPU, what occupies it, and
+placements name GPUs -- recorded ones (the ``gpu-tailor.io/gpus`` annotation) or predicted ones.
+
+Units: compute is in milli-GPU (a MIG ``g``-slice instance of a 7-slice GPU holds ``1000*g/7``; a
+replica of an N-way shared GPU holds ``1000/N``), memory in MiB. ``NodeGpus`` is mutable and meant to
+have a single writer (the watch, or the simulator); readers take its numbers as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from gpu_tailor.gpumodel import mig
+from gpu_tailor.gpumodel.topology import GpuTopology, pcie
+
+FULL = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """What one pod takes on a node: the same amount on each of ``gpus``."""
+
+    gpus: tuple[int, ...]
+    milli: int = FULL  # per GPU; FULL with whole=True for whole GPUs
+    memory_mib: int = 0  # declared per GPU (shares); whole GPUs take all memory
+    whole: bool = True
+    mig_profile: str | None = None
+    replicas: int = 0  # replicas of a shared GPU, per GPU
+
+
+@dataclass(slots=True)
+class GpuSlot:
+    index: int
+    memory_mib: int
+    whole_by: str | None = None
+    milli_used: int = 0
+    memory_used_mib: int = 0
+    replicas_used: int = 0
+    mig: list[str] = field(default_factory=list)  # profile names of instances in use
+    pods: set[str] = field(default_factory=set)
+
+    @property
+    def free_milli(self) -> int:
+        return 0 if self.whole_by is not None else FULL - self.milli_used
+
+    @property
+    def free_memory_mib(self) -> int:
+        return 0 if self.whole_by is not None else self.memory_mib - self.memory_used_mib
+
+    @property
+    def idle(self) -> bool:
+        return not self.pods
+
+
+class NodeGpus:
+    """The GPUs of one node and what is placed on them, kept by pod key (``namespace/name``)."""
+
+    def __init__(self, count: int, memory_mib: int, topology: GpuTopology | None = None,
+                 usable: int | None = None, mig_sku: mig.MigSku | None = None) -> None:
+        self.slots = [GpuSlot(i, memory_mib) for i in range(count)]
+        self.topology = topology if topology is not None and topology.size == count else pcie(count)
+        self.usable = count if usable is None else min(count, usable)  # degraded nodes: the first `usable`
+        self.mig_sku = mig_sku
+        self.placements: dict[str, Placement] = {}
+
+    # --- queries -------------------------------------------------------------------------------
+    def free_whole(self) -> list[int]:
+        return [s.index for s in self.slots[: self.usable] if s.idle]
+
+    def free_milli_total(self) -> int:
+        return sum(s.free_milli for s in self.slots[: self.usable])
+
+    def fitting_shares(self, milli: int, memory_mib: int = 0) -> list[int]:
+        """GPUs with at least ``milli`` and ``memory_mib`` free for a share (no MIG on them)."""
+        return [s.index for s in self.slots[: self.usable]
+                if not s.mig and s.free_milli >= milli and s.free_memory_mib >= memory_mib]
+
+    def mig_fits(self, gpu: int, profile: mig.MigProfile) -> bool:
+        slot = self.slots[gpu]
+        if slot.whole_by is not None or gpu >= self.usable or (slot.milli_used and not slot.mig):
+            return False
+        if self.mig_sku is None:
+            return slot.milli_used + profile.fraction * FULL <= FULL + 1e-9
+        used = [p for name in slot.mig if (p := self.mig_sku.resolve(name)) is not None]
+        return mig.fits_together(self.mig_sku, [*used, profile])
+
+    # --- the single writer's operations --------------------------------------------------------
+    def place(self, pod: str, placement: Placement) -> None:
+        """Record a placement; replaces an earlier one of the same pod (idempotent on replays)."""
+        if pod in self.placements:
+            self.release(pod)
+        self.placements[pod] = placement
+        for g in placement.gpus:
+            if not 0 <= g < len(self.slots):
+                continue  # a recorded GPU this node no longer reports: keep the pod, skip the slot
+            slot = self.slots[g]
+            slot.pods.add(pod)
+            if placement.whole:
+                slot.whole_by = pod
+                continue
+            slot.milli_used += placement.milli
+            slot.memory_used_mib += placement.memory_mib
+            slot.replicas_used += placement.replicas
+            if placement.mig_profile:
+                slot.mig.append(placement.mig_profile)
+
+    def release(self, pod: str) -> Placement | None:
+        placement = self.placements.pop(pod, None)
+        if placement is None:
+            return None
+        for g in placement.gpus:
+            if not 0 <= g < len(self.slots):
+                continue
+            slot = self.slots[g]
+            slot.pods.discard(pod)
+            if placement.whole:
+                if slot.whole_by == pod:
+                    slot.whole_by = None
+                continue
+            slot.milli_used -= placement.milli
+            slot.memory_used_mib -= placement.memory_mib
+            slot.replicas_used -= placement.replicas
+            if placement.mig_profile and placement.mig_profile in slot.mig:
+                slot.mig.remove(placement.mig_profile)
+        return placement
+
+    # --- what the device plugin would hand out -------------------------------------------------
+    def predict_whole(self, k: int) -> tuple[int, ...] | None:
+        """The k GPUs the best-effort allocator would pick among the free ones."""
+        return self.topology.best_set(self.free_whole(), k)
+
+    def predict_share(self, milli: int, memory_mib: int = 0) -> int | None:
+        """Best fit: the fitting GPU with the least free compute (lowest index on ties)."""
+        fits = self.fitting_shares(milli, memory_mib)
+        return min(fits, key=lambda g: (self.slots[g].free_milli, g)) if fits else None
+
+    def predict_mig(self, profile: mig.MigProfile) -> int | None:
+        """The most-used GPU the instance still fits on (keeps other GPUs free for big profiles)."""
+        fits = [s.index for s in self.slots[: self.usable] if self.mig_fits(s.index, profile)]
+        return min(fits, key=lambda g: (self.slots[g].free_milli, g)) if fits else None
+
+
+def parse_gpu_annotation(value: str) -> tuple[int, ...] | None:
+    """``gpu-tailor.io/gpus`` = ``"0,3"``; None when unreadable (then the placement is predicted)."""
+    try:
+        out = tuple(int(p) for p in value.split(",") if p.strip())
+    except ValueError:
+        return None
+    return out if out and all(g >= 0 for g in out) else None
+
+
+def format_gpu_annotation(gpus: Iterable[int]) -> str:
+    return ",".join(str(g) for g in sorted(gpus))
+
+
+def score_sets(topology: GpuTopology, sets: Sequence[Sequence[int]]) -> list[int]:
+    return [topology.set_score(s) for s in sets]

@@ -1,0 +1,1 @@
+"""Mutating admission webhook: portable GPU asks in, real NVIDIA resources out."""

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh machine (Python 3.11 + pip): makes .venv, installs the project
+# with its dev tools, then lint, types, import contracts and tests. Any failure fails the run,
+# and so does pytest collecting no tests (its exit code 5).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[dev]"
+echo "== ruff";          .venv/bin/ruff check .
+echo "== mypy --strict"; .venv/bin/mypy
+echo "== import-linter"; .venv/bin/lint-imports
+echo "== pytest";        .venv/bin/python -m pytest "$@"

@@ -1,0 +1,25 @@
+"""Shared test helpers: the real wire fixtures captured from a Kubernetes v1.28.7 control plane."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def load_fixture(*parts: str) -> Any:
+    return json.loads(FIXTURES.joinpath(*parts).read_text())
+
+
+def node_fixture(name: str) -> dict[str, Any]:
+    node: dict[str, Any] = load_fixture("nodes", f"{name}.json")
+    return node
+
+
+def review_fixture(letter: str) -> dict[str, Any]:
+    matches = sorted((FIXTURES / "admission").glob(f"{letter}-*.json"))
+    assert len(matches) == 1, f"no single admission fixture for {letter!r}"
+    review: dict[str, Any] = json.loads(matches[0].read_text())
+    return review

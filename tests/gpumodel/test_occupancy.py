@@ -1,0 +1,71 @@
+"""Per-GPU occupancy: placing, releasing, and what the device plugin would hand out."""
+
+from __future__ import annotations
+
+from gpu_tailor.gpumodel import mig
+from gpu_tailor.gpumodel.occupancy import NodeGpus, Placement, format_gpu_annotation, parse_gpu_annotation
+from gpu_tailor.gpumodel.topology import nvlink_pairs
+
+
+def test_shares_and_whole_gpus() -> None:
+    node = NodeGpus(4, 16384)
+    node.place("a/whole", Placement((0,)))
+    node.place("a/s1", Placement((1,), milli=600, memory_mib=8000, whole=False))
+    assert node.free_whole() == [2, 3]
+    assert node.free_milli_total() == 400 + 2000
+    assert node.fitting_shares(500) == [2, 3]
+    assert node.fitting_shares(400) == [1, 2, 3]
+    assert node.fitting_shares(300, memory_mib=9000) == [2, 3]  # GPU 1 has 8384 MiB left
+    assert node.predict_share(300) == 1  # best fit: the least free GPU that fits
+    node.release("a/s1")
+    assert node.free_whole() == [1, 2, 3]
+    assert node.release("a/unknown") is None
+
+
+def test_place_is_idempotent_per_pod() -> None:
+    node = NodeGpus(2, 1000)
+    node.place("p", Placement((0,), milli=300, whole=False))
+    node.place("p", Placement((0,), milli=300, whole=False))
+    assert node.slots[0].milli_used == 300
+    node.place("p", Placement((1,), milli=300, whole=False))
+    assert (node.slots[0].milli_used, node.slots[1].milli_used) == (0, 300)
+
+
+def test_degraded_node_only_hands_out_usable_gpus() -> None:
+    node = NodeGpus(8, 81559, usable=5)
+    assert node.free_whole() == [0, 1, 2, 3, 4]
+    assert node.predict_whole(6) is None
+
+
+def test_whole_prediction_follows_topology() -> None:
+    node = NodeGpus(8, 1, topology=nvlink_pairs(8))
+    node.place("x", Placement((0,)))
+    node.place("y", Placement((3,)))
+    assert node.predict_whole(2) == (4, 5)  # 1 and 2 are free but not NVLinked
+
+
+def test_mig_instances_respect_placements() -> None:
+    node = NodeGpus(2, 40960, mig_sku=mig.A100_40GB)
+    three = mig.A100_40GB.profile("3g.20gb")
+    one = mig.A100_40GB.profile("1g.5gb")
+    assert three is not None and one is not None
+    node.place("a", Placement((0,), milli=three.compute_slices * 1000 // 7, whole=False, mig_profile="3g.20gb"))
+    node.place("b", Placement((0,), milli=three.compute_slices * 1000 // 7, whole=False, mig_profile="3g.20gb"))
+    assert not node.mig_fits(0, one)
+    assert node.predict_mig(one) == 1
+    node.place("w", Placement((1,)))
+    assert node.predict_mig(one) is None
+
+
+def test_recorded_gpu_outside_the_node_is_ignored() -> None:
+    node = NodeGpus(2, 1)
+    node.place("p", Placement((5,)))
+    assert node.free_whole() == [0, 1]
+    assert node.release("p") == Placement((5,))
+
+
+def test_gpu_annotation() -> None:
+    assert parse_gpu_annotation("0,3") == (0, 3)
+    assert parse_gpu_annotation("a,b") is None and parse_gpu_annotation("") is None
+    assert parse_gpu_annotation("-1") is None
+    assert format_gpu_annotation([3, 0]) == "0,3"
