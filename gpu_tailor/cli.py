@@ -80,6 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpu_tailor.simulate.cli import run as run_simulate
 
         return run_simulate(args)
+    if args.command == "webhook":
+        from gpu_tailor.webhook.__main__ import run as run_webhook
+
+        return run_webhook(args)
+    if args.command == "certs":
+        from gpu_tailor.certs.__main__ import run as run_certs
+
+        return run_certs(args)
     print(f"gpu-tailor {args.command}: not implemented yet in this version", file=sys.stderr)
     return 2
 

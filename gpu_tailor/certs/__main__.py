@@ -1,0 +1,70 @@
+"""``gpu-tailor certs``: PEM files, a kubernetes.io/tls Secret, and the caBundle in the webhook config."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpu_tailor.certs.authority import Material, ensure
+
+WEBHOOK_CONFIG_NAME = "gpu-tailor"
+
+
+def secret_manifest(m: Material, service: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": f"{service}-tls", "namespace": namespace},
+        "data": {"tls.crt": base64.b64encode(m.cert).decode(), "tls.key": base64.b64encode(m.key).decode(),
+                 "ca.crt": base64.b64encode(m.ca_cert).decode()},
+    }
+
+
+def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
+    """The MutatingWebhookConfiguration of manifests/webhook (a test keeps the two identical)."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": WEBHOOK_CONFIG_NAME},
+        "webhooks": [{
+            "name": "pods.gpu-tailor.io",
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Fail",
+            "timeoutSeconds": 5,
+            "reinvocationPolicy": "IfNeeded",
+            "matchPolicy": "Equivalent",
+            "clientConfig": {"service": {"name": service, "namespace": namespace, "path": "/mutate", "port": 443}},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
+                       "scope": "Namespaced"}],
+            "namespaceSelector": {"matchExpressions": [
+                {"key": "gpu-tailor.io/enabled", "operator": "In", "values": ["true"]},
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [namespace]},
+            ]},
+            "objectSelector": {"matchExpressions": [
+                {"key": "gpu-tailor.io/skip", "operator": "NotIn", "values": ["true"]},
+            ]},
+        }],
+    }
+
+
+def inject_ca_bundle(doc: dict[str, Any], ca_pem: bytes) -> dict[str, Any]:
+    bundle = base64.b64encode(ca_pem).decode()
+    for hook in doc.get("webhooks") or []:
+        hook.setdefault("clientConfig", {})["caBundle"] = bundle
+    return doc
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    material, changed = ensure(out, args.service, args.namespace, args.days, args.renew_before)
+    (out / "secret.yaml").write_text(yaml.safe_dump(secret_manifest(material, args.service, args.namespace),
+                                                    sort_keys=False))
+    doc = inject_ca_bundle(webhook_configuration(args.service, args.namespace), material.ca_cert)
+    (out / "mutatingwebhookconfiguration.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    for line in changed or ["up to date: nothing changed"]:
+        print(f"{out}: {line}")
+    return 0

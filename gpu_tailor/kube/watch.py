@@ -1,0 +1,95 @@
+"""List, then watch from the list's resourceVersion; relist on 410 Gone or any broken stream.
+
+A 410 is normal: the API server keeps a limited window of history, and a watch resumed from a
+resourceVersion that fell out of it is told to start over. Starting over means a fresh list that
+*replaces* what we knew (``on_reset``), so nothing the watch missed survives as stale memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+ListFn = Callable[..., Awaitable[Any]]
+
+
+class Gone(Exception):
+    """The watch's resourceVersion expired (HTTP 410): relist."""
+
+
+async def list_all(list_fn: ListFn, page: int = 500) -> tuple[list[dict[str, Any]], str]:
+    """All items of a paginated list as plain dicts, and the list's resourceVersion."""
+    items: list[dict[str, Any]] = []
+    token: str | None = None
+    rv = ""
+    while True:
+        kwargs: dict[str, Any] = {"limit": page, "_preload_content": False}
+        if token:
+            kwargs["_continue"] = token
+        resp = await list_fn(**kwargs)
+        data = json.loads(await resp.read())
+        items.extend(data.get("items") or [])
+        meta = data.get("metadata") or {}
+        rv = meta.get("resourceVersion", rv)
+        token = meta.get("continue")
+        if not token:
+            return items, rv
+
+
+async def list_and_watch(
+    list_fn: ListFn,
+    on_reset: Callable[[list[dict[str, Any]]], None],
+    on_event: Callable[[str, dict[str, Any]], None],
+    *,
+    timeout_seconds: int = 300,
+    backoff: float = 1.0,
+) -> None:
+    """Run forever (until cancelled): the single writer of one kind of object's state."""
+    while True:
+        try:
+            items, rv = await list_all(list_fn)
+            on_reset(items)
+            while True:  # watch windows end normally after timeout_seconds: resume from rv
+                rv = await _watch_once(list_fn, rv, on_event, timeout_seconds)
+        except asyncio.CancelledError:
+            raise
+        except Gone:
+            log.info("watch expired (410 Gone): relisting")
+        except ApiException as exc:
+            if exc.status != 410:
+                log.warning("API error %s during list/watch: relisting in %.0fs", exc.status, backoff)
+                await asyncio.sleep(backoff)
+        except Exception as exc:  # a broken stream or an outage: start over from a fresh list
+            log.warning("list/watch failed (%s): relisting in %.0fs", exc, backoff)
+            await asyncio.sleep(backoff)
+
+
+async def _watch_once(list_fn: ListFn, rv: str, on_event: Callable[[str, dict[str, Any]], None],
+                      timeout_seconds: int) -> str:
+    async with watch.Watch() as w:
+        async for event in w.stream(list_fn, resource_version=rv, allow_watch_bookmarks=True,
+                                    timeout_seconds=timeout_seconds):
+            kind = event.get("type")
+            raw = event.get("raw_object") or {}
+            if kind == "ERROR":
+                if raw.get("code") == 410:
+                    raise Gone(raw.get("message", ""))
+                raise RuntimeError(f"watch error: {raw.get('message', raw)}")
+            new_rv = (raw.get("metadata") or {}).get("resourceVersion")
+            if new_rv:
+                rv = new_rv
+            if kind != "BOOKMARK":
+                on_event(str(kind), raw)
+    return rv
+
+
+def core_api(api: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api)

@@ -1,0 +1,57 @@
+"""``gpu-tailor webhook``: wire flags to the server and run it until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from aiohttp import web
+
+from gpu_tailor.webhook.config import ConfigError, load_policy
+from gpu_tailor.webhook.server import CertReloader, cluster_file_ctx, make_app, tls_context, watch_ctx
+from gpu_tailor.webhook.state import ClusterView
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--listen {listen!r}: expected HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    view = ClusterView(load_policy(args.config))
+    app = make_app(view)
+    if args.cluster_file:
+        app.cleanup_ctx.append(cluster_file_ctx(args.cluster_file))
+    else:
+        app.cleanup_ctx.append(watch_ctx(args.kubeconfig, args.in_cluster))
+    ctx = tls_context(args.tls_cert, args.tls_key)
+    reloader = CertReloader(ctx, args.tls_cert, args.tls_key)
+    host, port = split_listen(args.listen)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, ssl_context=ctx).start()
+    logging.info("webhook serving https://%s:%d/mutate", host, port)
+    try:
+        await reloader.run()
+    finally:
+        await runner.cleanup()
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.tls_cert or not args.tls_key:
+        print("gpu-tailor webhook: --tls-cert and --tls-key are required (the API server only calls HTTPS)",
+              file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(serve(args))
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"gpu-tailor webhook: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+    return 0

@@ -1,0 +1,126 @@
+"""The webhook's policy file (``--config``), validated by pydantic.
+
+Offerings declared here are those the cluster can provide but does not show yet -- a node pool
+scaled to zero has no Node objects, yet a pod asking for its GPUs must be admitted so the
+autoscaler can bring it up.
+
+Example::
+
+    schedulerName: gpu-tailor-scheduler   # "" leaves pods' schedulerName alone
+    defaultIsolation: any                 # any | mig | mps | time-slicing | exclusive
+    onMismatch: deny                      # deny | useLimits
+    offerings:
+    - backing: mig                        # whole | mig | time-slicing | mps
+      product: NVIDIA-H100-80GB-HBM3
+      migProfile: 1g.10gb
+      migStrategy: mixed                  # mixed (nvidia.com/mig-<p>) | single (nvidia.com/gpu)
+      gpusPerNode: 8
+      nodeSelector: {agentpool: h100mig}
+    - backing: time-slicing
+      product: Tesla-T4
+      replicas: 4
+      renamed: true                       # resource nvidia.com/gpu.shared
+      failRequestsGreaterThanOne: true
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gpu_tailor.gpumodel import labels, mig
+from gpu_tailor.gpumodel.ask import Isolation
+from gpu_tailor.gpumodel.quantity import QuantityError, parse_bytes
+
+
+class ConfigError(ValueError):
+    """The policy file is unreadable or invalid; the message names the bad field."""
+
+
+class DeclaredOffering(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backing: Literal["whole", "mig", "time-slicing", "mps"]
+    product: str = Field(min_length=1)
+    migProfile: str | None = None
+    migStrategy: Literal["mixed", "single"] = "mixed"
+    replicas: int | None = Field(default=None, ge=2, le=1024)
+    renamed: bool = False
+    failRequestsGreaterThanOne: bool = False
+    gpuMemory: str | None = None  # per GPU, e.g. 80Gi; default from the MIG table where known
+    gpusPerNode: int = Field(default=1, ge=1, le=64)
+    nodeSelector: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("gpuMemory")
+    @classmethod
+    def _memory(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                parse_bytes(v)
+            except QuantityError as exc:
+                raise ValueError(str(exc)) from exc
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DeclaredOffering:
+        if self.backing == "mig":
+            if not self.migProfile:
+                raise ValueError("backing mig needs migProfile (e.g. 1g.10gb)")
+            if mig.profile_for(self.product, self.migProfile) is None:
+                sku = mig.sku_for_product(self.product)
+                known = ", ".join(p.name for p in sku.profiles) if sku else "none: not a MIG-capable product"
+                raise ValueError(f"unknown MIG profile {self.migProfile!r} for {self.product} (known: {known})")
+        elif self.migProfile:
+            raise ValueError(f"migProfile is only for backing mig, not {self.backing}")
+        if self.backing in ("time-slicing", "mps") and self.replicas is None:
+            raise ValueError(f"backing {self.backing} needs replicas (>= 2)")
+        if self.backing in ("whole", "mig") and self.replicas is not None:
+            raise ValueError(f"replicas is only for time-slicing or mps, not {self.backing}")
+        if self.gpuMemory is None and mig.sku_for_product(self.product) is None:
+            raise ValueError(f"gpuMemory is required for {self.product} (not in the MIG table)")
+        return self
+
+
+class Policy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schedulerName: str = labels.DEFAULT_SCHEDULER_NAME
+    defaultIsolation: Isolation = Isolation.ANY
+    onMismatch: Literal["deny", "useLimits"] = "deny"
+    offerings: tuple[DeclaredOffering, ...] = ()
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def parse_policy(text: str, source: str = "config") -> Policy:
+    try:
+        data = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"{source}: {_field_path(tuple(e['loc']))}: {e['msg']}" for e in exc.errors()]
+        raise ConfigError("\n".join(lines)) from None
+
+
+def load_policy(path: str | Path | None) -> Policy:
+    if path is None:
+        return Policy()
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from exc
+    return parse_policy(text, str(path))

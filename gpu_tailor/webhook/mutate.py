@@ -1,0 +1,174 @@
+"""The admission decision for one pod: pure, synchronous, no I/O.
+
+Given the AdmissionReview request, what the cluster offers and the policy, answer allow (with a
+JSONPatch and warnings) or deny (with a message a person can act on). The HTTP server only
+validates the body and serialises what this returns.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch
+
+from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.ask import ContainerAsk, Isolation, PodAsk, from_pod
+from gpu_tailor.gpumodel.catalog import Candidate, Choice, NoFit, choose
+from gpu_tailor.gpumodel.inventory import BackingKind, Sharing
+from gpu_tailor.gpumodel.resources import parse_resource
+from gpu_tailor.webhook.config import Policy
+
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    warnings: tuple[str, ...] = ()
+    code: int = 200
+    message: str = ""
+    backing: str = "none"  # for metrics: the chosen backing, "native", "none"
+    outcome: str = "allowed"  # allowed | mutated | denied
+
+
+def _deny(message: str, code: int = 403) -> Decision:
+    return Decision(allowed=False, code=code, message=message, outcome="denied")
+
+
+def decide(request: dict[str, Any], candidates: list[Candidate], policy: Policy) -> Decision:
+    obj = request.get("object")
+    kind = (request.get("kind") or {}).get("kind")
+    if kind != "Pod" or not isinstance(obj, dict) or request.get("operation", "CREATE") != "CREATE":
+        return Decision(allowed=True)
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    if labels.ANN_BACKING in annotations:
+        return Decision(allowed=True, backing="reinvocation")  # already rewritten: leave it be
+    ask = from_pod(obj)
+    if ask.errors:
+        return _deny("; ".join(_where(e.container) + e.message for e in ask.errors), 422)
+    if not ask.has_gpu:
+        return Decision(allowed=True)
+
+    pod = copy.deepcopy(obj)
+    warnings: list[str] = []
+    for container in ask.gpu_containers:
+        denial = _requests_equal_limits(pod, container, policy)
+        if denial:
+            return _deny(denial, 422)
+    isolation = ask.isolation if labels.ANN_ISOLATION in annotations else policy.defaultIsolation
+
+    for resource, count in ask.effective_native.items():
+        verdict = _native_sharing_check(resource, count, candidates)
+        if isinstance(verdict, Decision):
+            return verdict
+        if verdict:
+            warnings.append(verdict)
+
+    backing = "native"
+    if ask.virtual:
+        choice = choose(ask, candidates, isolation)
+        if isinstance(choice, NoFit):
+            return _deny(f"pod cannot get its GPU ask: {choice.message}")
+        _rewrite(pod, ask, choice)
+        backing = choice.candidate.backing
+        _annotate(pod, ask, isolation, backing)
+        if not choice.candidate.free_units:
+            warnings.append(f"no {choice.candidate.backing} is free right now; the pod waits for capacity")
+    _tolerate(pod)
+    if policy.schedulerName and (pod.get("spec") or {}).get("schedulerName") in (None, "", DEFAULT_SCHEDULER):
+        pod.setdefault("spec", {})["schedulerName"] = policy.schedulerName
+    patch = list(jsonpatch.make_patch(obj, pod))
+    return Decision(allowed=True, patch=patch, warnings=tuple(warnings), backing=backing,
+                    outcome="mutated" if patch else "allowed")
+
+
+def _where(container: str | None) -> str:
+    return f"container {container}: " if container else ""
+
+
+def _resources(pod: dict[str, Any], container: ContainerAsk) -> dict[str, Any]:
+    lst = pod["spec"]["initContainers" if container.init else "containers"]
+    res: dict[str, Any] = lst[container.index].setdefault("resources", {})
+    return res
+
+
+def _requests_equal_limits(pod: dict[str, Any], container: ContainerAsk, policy: Policy) -> str | None:
+    res = _resources(pod, container)
+    for m in container.mismatches:
+        if policy.onMismatch == "deny":
+            return (f"container {container.name}: {m.resource} requests ({m.request}) must equal limits "
+                    f"({m.limit}); GPU resources cannot be overcommitted")
+        res.setdefault("requests", {})[m.resource] = m.limit
+    for key in container.missing_limits:
+        res.setdefault("limits", {})[key] = res["requests"][key]
+    return None
+
+
+def _native_sharing_check(resource: str, count: int, candidates: list[Candidate]) -> Decision | str | None:
+    """More than one replica of a shared GPU: the kubelet fails it on MPS or failRequestsGreaterThanOne
+    nodes, and elsewhere it gives no more GPU than one replica."""
+    if count <= 1 or parse_resource(resource) is None:
+        return None
+    offers = [c for c in candidates if c.resource == resource]
+    if not offers or any(c.kind is not BackingKind.SHARED for c in offers):
+        return None
+    usable = [c for c in offers if c.sharing is not Sharing.MPS and not c.fail_requests_gt_one]
+    if not usable:
+        where = ", ".join(sorted({f"{c.backing} on {c.product}" for c in offers}))
+        return _deny(f"{resource}: {count} requested, but every node offering it fails requests for more than one "
+                     f"replica ({where}); ask for 1")
+    return (f"{resource}: {count} replicas of a shared GPU are not combined into more GPU: "
+            f"they give no more compute or memory than one ({usable[0].backing} on {usable[0].product})")
+
+
+def _rewrite(pod: dict[str, Any], ask: PodAsk, choice: Choice) -> None:
+    resource = choice.candidate.resource
+    for container in ask.gpu_containers:
+        if not container.virtual:
+            continue
+        units = str(choice.units[("init:" if container.init else "") + container.name])
+        res = _resources(pod, container)
+        for part in ("requests", "limits"):
+            values = res.setdefault(part, {})
+            for virtual in labels.VIRTUAL_RESOURCES:
+                values.pop(virtual, None)
+            values[resource] = units
+    _require_nodes(pod, choice.candidate)
+
+
+def _require_nodes(pod: dict[str, Any], cand: Candidate) -> None:
+    """AND the candidate's node requirements into every required nodeSelectorTerm (terms are ORed)."""
+    exprs = [{"key": k, "operator": op, "values": list(v)} for k, op, v in cand.affinity]
+    if not exprs:
+        return
+    spec = pod.setdefault("spec", {})
+    required = (spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+                .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {}))
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({"matchExpressions": exprs})
+        return
+    for term in terms:
+        have = term.setdefault("matchExpressions", [])
+        have.extend(e for e in exprs if e not in have)
+
+
+def _tolerate(pod: dict[str, Any]) -> None:
+    tolerations = pod.setdefault("spec", {}).setdefault("tolerations", [])
+    for t in tolerations:
+        if t.get("key") == labels.GPU_TAINT_KEY and t.get("operator") == "Exists" and t.get("effect") in (
+                None, "", "NoSchedule"):
+            return
+    tolerations.append({"key": labels.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"})
+
+
+def _annotate(pod: dict[str, Any], ask: PodAsk, isolation: Isolation, backing: str) -> None:
+    canonical = ask.canonical()
+    canonical["isolation"] = isolation.value
+    annotations = pod.setdefault("metadata", {}).setdefault("annotations", {})
+    annotations[labels.ANN_ASK] = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
+    annotations[labels.ANN_BACKING] = backing

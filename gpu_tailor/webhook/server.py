@@ -1,0 +1,164 @@
+"""The webhook's HTTPS server: thin aiohttp routes around ``mutate.decide``.
+
+``/mutate`` validates the AdmissionReview, asks the pure decision, and serialises the answer; a
+malformed body is HTTP 400 and an oversized one 413 (the API server never sends more than a few
+MiB for a pod). TLS material is reloaded when the files change, so cert-manager or
+``gpu-tailor certs --renew-before`` can rotate it without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import ssl
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
+
+from gpu_tailor.webhook.mutate import decide
+from gpu_tailor.webhook.state import ClusterView
+from gpu_tailor.webhook.wire import AdmissionReview, response
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 3 * 2**20
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.reviews = Counter("gpu_tailor_webhook_reviews", "Admission reviews answered",
+                               ["outcome", "backing"], registry=self.registry)
+        self.latency = Histogram("gpu_tailor_webhook_review_seconds", "Time to answer a review",
+                                 registry=self.registry,
+                                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
+
+
+VIEW = web.AppKey("view", ClusterView)
+METRICS = web.AppKey("metrics", Metrics)
+
+
+async def mutate(request: web.Request) -> web.Response:
+    started = time.perf_counter()
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise
+    try:
+        review = AdmissionReview.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        return web.json_response({"error": f"not an AdmissionReview v1: {where}: {first['msg']}"}, status=400)
+    view = request.app[VIEW]
+    decision = decide(review.request.model_dump(), view.candidates(), view.policy)
+    metrics = request.app[METRICS]
+    metrics.reviews.labels(decision.outcome, decision.backing).inc()
+    metrics.latency.observe(time.perf_counter() - started)
+    return web.json_response(response(review.request.uid, decision))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[VIEW].ready:
+        return web.Response(text="ok")
+    return web.Response(status=503, text="node inventory not synced yet")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(request.app[METRICS].registry),
+                        headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def make_app(view: ClusterView) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY)
+    app[VIEW] = view
+    app[METRICS] = Metrics()
+    app.router.add_post("/mutate", mutate)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def tls_context(cert: str, key: str) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+class CertReloader:
+    """Reload the serving certificate into the live SSLContext when either file changes."""
+
+    def __init__(self, ctx: ssl.SSLContext, cert: str, key: str) -> None:
+        self.ctx, self.cert, self.key = ctx, cert, key
+        self.stamp = self._stamp()
+
+    def _stamp(self) -> tuple[float, float]:
+        return (os.stat(self.cert).st_mtime, os.stat(self.key).st_mtime)
+
+    def check(self) -> bool:
+        """Reload if changed; a half-written pair is retried on the next check."""
+        try:
+            stamp = self._stamp()
+            if stamp == self.stamp:
+                return False
+            self.ctx.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("serving certificate not reloaded yet: %s", exc)
+            return False
+        self.stamp = stamp
+        log.info("serving certificate reloaded")
+        return True
+
+    async def run(self, interval: float = 10.0) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self.check()
+
+
+def cluster_file_ctx(path: str) -> Any:
+    from gpu_tailor.kube.clusterfile import load_cluster
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        nodes, pods = load_cluster(path)
+        app[VIEW].reset(nodes, pods)
+        yield
+
+    return ctx
+
+
+def watch_ctx(kubeconfig: str | None, in_cluster: bool) -> Any:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        from kubernetes_asyncio import client, config
+
+        from gpu_tailor.kube.watch import list_and_watch
+
+        if in_cluster or not kubeconfig:
+            config.load_incluster_config()
+        else:
+            await config.load_kube_config(config_file=kubeconfig)
+        api = client.ApiClient()
+        view = app[VIEW]
+        task = asyncio.create_task(list_and_watch(client.CoreV1Api(api).list_node, view.reset, view.apply))
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()
+
+    return ctx
+
+
+def summary(view: ClusterView) -> str:
+    return json.dumps({"nodes": len(view.nodes), "offerings": len(view.candidates())})
