@@ -1,0 +1,87 @@
+"""The policy file's validation, the certs command, and the manifests' webhook configuration."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+
+from gpu_tailor.certs.__main__ import run as certs_run
+from gpu_tailor.certs.__main__ import webhook_configuration
+from gpu_tailor.certs.authority import ensure, needs_renewal
+from gpu_tailor.webhook.config import ConfigError, load_policy, parse_policy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("onMismatch: maybe", "onMismatch"),
+    ("defaultIsolation: strong", "defaultIsolation"),
+    ("offerings: [{backing: mig, product: NVIDIA-H100-80GB-HBM3, migProfile: 9g.1gb}]", "offerings[0]"),
+    ("offerings: [{backing: mps, product: Tesla-V100}]", "needs replicas"),
+    ("offerings: [{backing: whole, product: Tesla-T4}]", "gpuMemory is required"),
+    ("offerings: [{backing: whole, product: Tesla-T4, gpuMemory: lots}]", "offerings[0].gpuMemory"),
+    ("bogus: 1", "bogus"),
+    ("- a list", "mapping"),
+    ("a: [unclosed", "not valid YAML"),
+])
+def test_bad_policy_names_the_field(text: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_policy(text)
+    assert fragment in str(exc.value)
+
+
+def test_policy_defaults_and_missing_file(tmp_path: Path) -> None:
+    p = parse_policy("")
+    assert (p.schedulerName, p.onMismatch, p.offerings) == ("gpu-tailor-scheduler", "deny", ())
+    with pytest.raises(ConfigError, match="No such file"):
+        load_policy(tmp_path / "missing.yaml")
+
+
+def test_certs_are_idempotent_and_renew_keeping_the_ca(tmp_path: Path) -> None:
+    now = dt.datetime(2026, 11, 21, tzinfo=dt.UTC)
+    m1, changed = ensure(tmp_path, "svc", "ns", days=90, renew_before_days=30, now=now)
+    assert changed == ["new CA", "serving certificate issued (missing)"]
+    m2, changed = ensure(tmp_path, "svc", "ns", days=90, renew_before_days=30, now=now + dt.timedelta(days=10))
+    assert changed == [] and m2 == m1
+    m3, changed = ensure(tmp_path, "svc", "ns", days=90, renew_before_days=30, now=now + dt.timedelta(days=70))
+    assert m3.ca_cert == m1.ca_cert and m3.cert != m1.cert
+    assert "within 30 days" in changed[0]
+    cert = x509.load_pem_x509_certificate(m3.cert)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert sans == ["svc", "svc.ns", "svc.ns.svc", "svc.ns.svc.cluster.local"]
+    assert needs_renewal(m3.cert, "other", "ns", 30, now, m3.ca_cert) == "names do not match the service"
+
+
+def test_certs_command_writes_secret_and_ca_bundle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = argparse.Namespace(service="gpu-tailor-webhook", namespace="gpu-tailor", out=str(tmp_path), days=365,
+                              renew_before=30)
+    assert certs_run(args) == 0
+    secret = yaml.safe_load((tmp_path / "secret.yaml").read_text())
+    assert secret["type"] == "kubernetes.io/tls" and secret["metadata"]["name"] == "gpu-tailor-webhook-tls"
+    hook = yaml.safe_load((tmp_path / "mutatingwebhookconfiguration.yaml").read_text())["webhooks"][0]
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == (tmp_path / "ca.crt").read_bytes()
+    assert certs_run(args) == 0
+    assert "up to date" in capsys.readouterr().out
+
+
+def test_manifest_webhook_configuration_matches_the_code() -> None:
+    on_disk = yaml.safe_load((ROOT / "manifests" / "webhook" / "mutatingwebhookconfiguration.yaml").read_text())
+    assert on_disk == webhook_configuration("gpu-tailor-webhook", "gpu-tailor")
+    hook = on_disk["webhooks"][0]
+    assert (hook["sideEffects"], hook["failurePolicy"], hook["timeoutSeconds"], hook["reinvocationPolicy"]) == (
+        "None", "Fail", 5, "IfNeeded")
+    assert hook["admissionReviewVersions"] == ["v1"]
+
+
+def test_kustomization_lists_existing_files() -> None:
+    base = ROOT / "manifests" / "webhook"
+    kust = yaml.safe_load((base / "kustomization.yaml").read_text())
+    for res in kust["resources"]:
+        docs = list(yaml.safe_load_all((base / res).read_text()))
+        assert all(d["apiVersion"] and d["kind"] for d in docs)
