@@ -146,7 +146,7 @@ def watch_ctx(kubeconfig: str | None, in_cluster: bool) -> Any:
         from gpu_tailor.kube.watch import list_and_watch
 
         if in_cluster or not kubeconfig:
-            config.load_incluster_config()
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
         else:
             await config.load_kube_config(config_file=kubeconfig)
         api = client.ApiClient()

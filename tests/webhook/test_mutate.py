@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import jsonpatch
@@ -233,7 +232,7 @@ def test_virtual_mixed_with_native_is_denied() -> None:
 
 
 def test_mps_isolation_and_more_than_one_mps_replica() -> None:
-    d, pod = run("d", review=with_limits("d", {"gpu-tailor.io/gpu-milli": "100"}, {"gpu-tailor.io/isolation": "mps"}))
+    d, _pod = run("d", review=with_limits("d", {"gpu-tailor.io/gpu-milli": "100"}, {"gpu-tailor.io/isolation": "mps"}))
     assert d.allowed and d.backing == "shared:mps:10"
     d2, _ = run("d", review=with_limits("d", {"gpu-tailor.io/gpu-milli": "150"}, {"gpu-tailor.io/isolation": "mps"}))
     assert not d2.allowed  # a tenth of a V100 is the only MPS offering
@@ -261,11 +260,12 @@ def test_scheduler_name_left_alone_when_empty_or_custom() -> None:
 
 def test_existing_required_affinity_terms_are_anded() -> None:
     review = with_limits("d", {"gpu-tailor.io/gpu-milli": "250"})
-    review["request"]["object"]["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+    required = "requiredDuringSchedulingIgnoredDuringExecution"
+    review["request"]["object"]["spec"]["affinity"] = {"nodeAffinity": {required: {
         "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
                               {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}}
     _, pod = run("d", review=review)
-    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    terms = pod["spec"]["affinity"]["nodeAffinity"][required]["nodeSelectorTerms"]
     assert len(terms) == 2
     for term in terms:
         assert any(e["key"] == "nvidia.com/gpu.sharing-strategy" for e in term["matchExpressions"])

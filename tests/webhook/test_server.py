@@ -63,7 +63,8 @@ async def test_warnings_travel(client: TestClient[web.Request, web.Application])
 
 
 @pytest.mark.parametrize("payload", [
-    b"{not json", b"[]", b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "x"}}',
+    b"{not json", b"[]",
+    b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "x"}}',
     b'{"apiVersion": "admission.k8s.io/v1", "kind": "Pod", "request": {"uid": "x"}}',
     b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}',
     b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": ""}}',
