@@ -12,7 +12,7 @@ have a single writer (the watch, or the simulator); readers take its numbers as 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpu_tailor.gpumodel import mig
@@ -156,7 +156,3 @@ def parse_gpu_annotation(value: str) -> tuple[int, ...] | None:
 
 def format_gpu_annotation(gpus: Iterable[int]) -> str:
     return ",".join(str(g) for g in sorted(gpus))
-
-
-def score_sets(topology: GpuTopology, sets: Sequence[Sequence[int]]) -> list[int]:
-    return [topology.set_score(s) for s in sets]

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kubernetes_asyncio import client, watch
+from kubernetes_asyncio import watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,3 @@ async def _watch_once(list_fn: ListFn, rv: str, on_event: Callable[[str, dict[st
             if kind != "BOOKMARK":
                 on_event(str(kind), raw)
     return rv
-
-
-def core_api(api: client.ApiClient) -> client.CoreV1Api:
-    return client.CoreV1Api(api)

@@ -9,7 +9,6 @@ MiB for a pod). TLS material is reloaded when the files change, so cert-manager 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import ssl
@@ -47,10 +46,7 @@ METRICS = web.AppKey("metrics", Metrics)
 
 async def mutate(request: web.Request) -> web.Response:
     started = time.perf_counter()
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise
+    body = await request.read()  # over client_max_size: aiohttp answers 413 itself
     try:
         review = AdmissionReview.model_validate_json(body)
     except ValidationError as exc:
@@ -158,7 +154,3 @@ def watch_ctx(kubeconfig: str | None, in_cluster: bool) -> Any:
         await api.close()
 
     return ctx
-
-
-def summary(view: ClusterView) -> str:
-    return json.dumps({"nodes": len(view.nodes), "offerings": len(view.candidates())})
