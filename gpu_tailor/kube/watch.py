@@ -21,10 +21,6 @@ log = logging.getLogger(__name__)
 ListFn = Callable[..., Awaitable[Any]]
 
 
-class Gone(Exception):
-    """The watch's resourceVersion expired (HTTP 410): relist."""
-
-
 async def list_all(list_fn: ListFn, page: int = 500) -> tuple[list[dict[str, Any]], str]:
     """All items of a paginated list as plain dicts, and the list's resourceVersion."""
     items: list[dict[str, Any]] = []
@@ -35,7 +31,12 @@ async def list_all(list_fn: ListFn, page: int = 500) -> tuple[list[dict[str, Any
         if token:
             kwargs["_continue"] = token
         resp = await list_fn(**kwargs)
-        data = json.loads(await resp.read())
+        body = await resp.read()
+        # Without preloading the client does not check the status itself. A 5xx Status body must
+        # never be mistaken for an empty list: that would wipe the state.
+        if not 200 <= resp.status <= 299:
+            raise ApiException(status=resp.status, reason=body[:200].decode(errors="replace"))
+        data = json.loads(body)
         items.extend(data.get("items") or [])
         meta = data.get("metadata") or {}
         rv = meta.get("resourceVersion", rv)
@@ -61,10 +62,10 @@ async def list_and_watch(
                 rv = await _watch_once(list_fn, rv, on_event, timeout_seconds)
         except asyncio.CancelledError:
             raise
-        except Gone:
-            log.info("watch expired (410 Gone): relisting")
         except ApiException as exc:
-            if exc.status != 410:
+            if exc.status == 410:
+                log.info("watch expired (410 Gone): relisting")
+            else:
                 log.warning("API error %s during list/watch: relisting in %.0fs", exc.status, backoff)
                 await asyncio.sleep(backoff)
         except Exception as exc:  # a broken stream or an outage: start over from a fresh list
@@ -74,15 +75,13 @@ async def list_and_watch(
 
 async def _watch_once(list_fn: ListFn, rv: str, on_event: Callable[[str, dict[str, Any]], None],
                       timeout_seconds: int) -> str:
-    async with watch.Watch() as w:
+    # return_type "object" keeps events as plain dicts (no model deserialisation per event);
+    # an ERROR event arrives as ApiException (410 for an expired resourceVersion).
+    async with watch.Watch(return_type="object") as w:
         async for event in w.stream(list_fn, resource_version=rv, allow_watch_bookmarks=True,
                                     timeout_seconds=timeout_seconds):
             kind = event.get("type")
             raw = event.get("raw_object") or {}
-            if kind == "ERROR":
-                if raw.get("code") == 410:
-                    raise Gone(raw.get("message", ""))
-                raise RuntimeError(f"watch error: {raw.get('message', raw)}")
             new_rv = (raw.get("metadata") or {}).get("resourceVersion")
             if new_rv:
                 rv = new_rv

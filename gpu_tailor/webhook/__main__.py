@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 
 from aiohttp import web
@@ -35,9 +36,16 @@ async def serve(args: argparse.Namespace) -> None:
     await runner.setup()
     await web.TCPSite(runner, host, port, ssl_context=ctx).start()
     logging.info("webhook serving https://%s:%d/mutate", host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # the kubelet stops pods with SIGTERM
+        loop.add_signal_handler(sig, stop.set)
+    rotation = asyncio.create_task(reloader.run())
     try:
-        await reloader.run()
+        await stop.wait()
+        logging.info("shutting down")
     finally:
+        rotation.cancel()
         await runner.cleanup()
 
 

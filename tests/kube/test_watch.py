@@ -1,0 +1,143 @@
+"""list_and_watch against a fake API server replaying the real list and watch streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from gpu_tailor.kube.watch import list_all, list_and_watch
+from tests.conftest import FIXTURES, load_fixture, node_fixture
+from tests.kube.fakeapi import FakeApi
+
+STREAM = (FIXTURES / "watch" / "pods-watch-create-bind-delete.ndjson").read_bytes().splitlines()
+EXPIRED = (FIXTURES / "watch" / "pods-watch-from-rv1-410-expired.ndjson").read_bytes().splitlines()
+NODE_NAMES = ["a100-mig-mixed-0", "a100-mig-single-0", "cpu-node-0", "h100-degraded-0", "h100-hgx-0",
+              "h100-initializing-0", "t4-timeslice-0", "t4-timeslice-renamed-0", "v100-mps-0"]
+
+
+def pod_list(rv: str, pods: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": pods or []}
+
+
+class Store:
+    """What a single-writer consumer keeps: objects by name, plus a log of what happened."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.log: list[str] = []
+        self.changed = asyncio.Event()
+
+    def reset(self, items: list[dict[str, Any]]) -> None:
+        self.objects = {i["metadata"]["name"]: i for i in items}
+        self.log.append(f"reset:{len(items)}")
+        self.changed.set()
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "DELETED":
+            self.objects.pop(name, None)
+        else:
+            self.objects[name] = obj
+        self.log.append(f"{kind}:{obj['metadata']['resourceVersion']}")
+        self.changed.set()
+
+    async def until(self, entry: str) -> None:
+        while entry not in self.log:
+            self.changed.clear()
+            await self.changed.wait()
+
+
+@contextmanager
+def running(coro: Any) -> Iterator[asyncio.Task[None]]:
+    task = asyncio.ensure_future(coro)
+    try:
+        yield task
+    finally:
+        task.cancel()
+
+
+def watch_requests(api: FakeApi) -> list[dict[str, str]]:
+    return [q for _, q in api.requests if q.get("watch", "").lower() == "true"]
+
+
+async def test_paginated_list_collects_every_page_and_the_final_resource_version() -> None:
+    first = load_fixture("watch", "nodes-list-limit-2.json")  # the real first page of `limit=2`
+    rest = {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "454"},
+            "items": [node_fixture(n) for n in NODE_NAMES[2:]]}
+    async with FakeApi() as api:
+        api.add_list("nodes", [first, rest])
+        async with api.api_client() as http:
+            items, rv = await list_all(client.CoreV1Api(http).list_node, page=2)
+    assert [i["metadata"]["name"] for i in items] == NODE_NAMES
+    assert rv == "454"
+    assert [q.get("limit") for _, q in api.requests] == ["2", "2"]
+    assert "continue" not in api.requests[0][1] and api.requests[1][1]["continue"] == "1"
+
+
+async def test_410_expired_relists_then_follows_create_bind_delete() -> None:
+    store = Store()
+    async with FakeApi() as api:
+        api.add_list("pods", [pod_list("1")])
+        api.add_watch("pods", EXPIRED)  # the real answer to a watch from a compacted resourceVersion
+        api.add_list("pods", [pod_list("444")])
+        api.add_watch("pods", STREAM, then="hang")
+        async with api.api_client() as http:
+            pods = client.CoreV1Api(http).list_pod_for_all_namespaces
+            with running(list_and_watch(pods, store.reset, store.event, backoff=0)):
+                await asyncio.wait_for(store.until("DELETED:450"), 10)
+    assert store.log == ["reset:0", "reset:0", "ADDED:445", "MODIFIED:446", "MODIFIED:448",
+                         "MODIFIED:449", "DELETED:450"]  # the BOOKMARK moves the rv but is no event
+    assert store.objects == {}
+    watches = watch_requests(api)
+    assert [w["resourceVersion"] for w in watches] == ["1", "444"]
+    assert all(w["allowWatchBookmarks"].lower() == "true" for w in watches)
+
+
+async def test_dropped_stream_relists_and_state_comes_from_the_new_list() -> None:
+    bound = json.loads(STREAM[1])["object"]  # the pod as bound to h100-degraded-0
+    store = Store()
+    async with FakeApi() as api:
+        api.add_list("pods", [pod_list("444")])
+        api.add_watch("pods", STREAM[:1], then="drop")  # the connection breaks after ADDED
+        api.add_list("pods", [pod_list("446", [bound])])
+        async with api.api_client() as http:
+            pods = client.CoreV1Api(http).list_pod_for_all_namespaces
+            with running(list_and_watch(pods, store.reset, store.event, backoff=0)):
+                await asyncio.wait_for(api.wait_requests(4), 10)  # list, watch, relist, watch
+    assert store.log == ["reset:0", "ADDED:445", "reset:1"]
+    assert store.objects["watch-gpu1"]["spec"]["nodeName"] == "h100-degraded-0"
+    assert [w["resourceVersion"] for w in watch_requests(api)] == ["444", "446"]
+
+
+async def test_a_watch_window_that_ends_normally_resumes_from_the_bookmark_without_relisting() -> None:
+    store = Store()
+    async with FakeApi() as api:
+        api.add_list("pods", [pod_list("444")])
+        api.add_watch("pods", STREAM, then="end")
+        async with api.api_client() as http:
+            pods = client.CoreV1Api(http).list_pod_for_all_namespaces
+            with running(list_and_watch(pods, store.reset, store.event, backoff=0)):
+                await asyncio.wait_for(api.wait_requests(3), 10)
+    assert [bool(q.get("watch")) for _, q in api.requests] == [False, True, True]
+    assert watch_requests(api)[1]["resourceVersion"] == "450"  # the BOOKMARK's
+    assert store.log.count("reset:0") == 1
+
+
+async def test_an_api_outage_on_list_is_retried_and_nothing_is_reset_until_a_list_succeeds() -> None:
+    store = Store()
+    async with FakeApi() as api:
+        api.add_list_error("pods", 503)
+        api.add_list_error("pods", 500)
+        api.add_list("pods", [pod_list("444")])
+        async with api.api_client() as http:
+            pods = client.CoreV1Api(http).list_pod_for_all_namespaces
+            with running(list_and_watch(pods, store.reset, store.event, backoff=0)):
+                await asyncio.wait_for(store.until("reset:0"), 10)
+                await asyncio.wait_for(api.wait_requests(4), 10)
+    assert [bool(q.get("watch")) for _, q in api.requests] == [False, False, False, True]
+    assert store.log == ["reset:0"]
