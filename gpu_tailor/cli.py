@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--listen", default="127.0.0.1:8888", metavar="HOST:PORT", help="address to serve on")
     ex.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (optional)")
     ex.add_argument("--tls-key", metavar="FILE", help="private key for --tls-cert")
-    ex.add_argument("--config", metavar="FILE", help="YAML settings (body cap, policy weights)")
+    ex.add_argument("--config", metavar="FILE", help="YAML settings: maxBodyMiB (default 64)")
     _cluster_source(ex)
 
     ce = sub.add_parser("certs", help="make a CA and a serving certificate for the webhook",
@@ -84,6 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpu_tailor.webhook.__main__ import run as run_webhook
 
         return run_webhook(args)
+    if args.command == "extender":
+        from gpu_tailor.extender.__main__ import run as run_extender
+
+        return run_extender(args)
     if args.command == "certs":
         from gpu_tailor.certs.__main__ import run as run_certs
 

@@ -1,12 +1,148 @@
-"""``gpu-tailor simulate``: until the trace replay lands, print the bundled example inventory."""
+"""``gpu-tailor simulate``: replay the bundled openb trace (or given CSVs) through the policies."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from importlib import resources
+from pathlib import Path
+from statistics import mean
 
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
+from gpu_tailor.gpumodel.packing import POLICIES
+from gpu_tailor.simulate.trace import RunResult, TraceError, load_nodes, load_pods, replay
+
+DEFAULT_POLICIES = ("tailor", "fgd", "bestfit")
+TRACE = "openb_node_list_gpu_node.csv", "openb_pod_list_default.csv"
+
+
+def bundled_trace(name: str) -> Path:
+    return Path(str(resources.files("gpu_tailor") / "data" / "trace" / name))
+
+
+def parse_seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, sep, hi = part.strip().partition("-")
+            seeds.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    except ValueError as exc:
+        raise TraceError(f"--seeds {text!r}: expected '42-51' or '42,43'") from exc
+    if not seeds:
+        raise TraceError("--seeds: no seed given")
+    return seeds
+
+
+def _one(job: tuple[str, str, str, int, float, str]) -> RunResult:
+    nodes_csv, pods_csv, policy, seed, inflate, topology = job
+    pods_path = Path(pods_csv)
+    return replay(load_nodes(Path(nodes_csv)), load_pods(pods_path), policy, seed, workload=pods_path.stem,
+                  inflate=inflate, topology=topology)
+
+
+def table(results: list[RunResult], topology: str) -> str:
+    groups: dict[tuple[str, str], list[RunResult]] = defaultdict(list)
+    for r in results:
+        groups[(r.workload, r.policy)].append(r)
+    header = ["workload", "policy", "seeds", "alloc@90%", "alloc@100%", "alloc@130%", "frag@100%", "failed", "seconds"]
+    if topology != "none":
+        header.append("multi-GPU on NVLink")
+    rows = [header]
+    for (workload, policy), rs in groups.items():
+        top = max(rs[0].alloc, key=int)
+        row = [workload, policy, str(len(rs)),
+               f"{mean(r.alloc.get('90', 0.0) for r in rs):.2f}",
+               f"{mean(r.alloc.get('100', 0.0) for r in rs):.2f}",
+               f"{mean(r.alloc[top] for r in rs):.2f}",
+               f"{mean(r.frag.get('100', 0.0) for r in rs):.2f}",
+               f"{mean(r.failed_pods for r in rs):.0f}",
+               f"{mean(r.seconds for r in rs):.1f}"]
+        if topology != "none":
+            multi = sum(r.multi_gpu_pods for r in rs)
+            row.append(f"{100 * sum(r.multi_gpu_nvlinked for r in rs) / multi:.1f}%" if multi else "-")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    cells = (enumerate(zip(r, widths, strict=True)) for r in rows)
+    return "\n".join("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in row) for row in cells)
+
+
+def plot(results: list[RunResult], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[tuple[str, str], list[RunResult]] = defaultdict(list)
+    for r in results:
+        groups[(r.workload, r.policy)].append(r)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (workload, policy), rs in groups.items():
+        xs = sorted(int(k) for k in rs[0].alloc)
+        ys = [mean(r.alloc[str(x)] for r in rs) for x in xs]
+        label = policy if len({w for w, _ in groups}) == 1 else f"{policy} ({workload})"
+        ax.plot(xs, ys, label=label, linewidth=1.4)
+    ax.plot([0, 100], [0, 100], color="grey", linestyle=":", linewidth=0.8)
+    ax.set_xlabel("arrived workload (% of cluster GPU capacity)")
+    ax.set_ylabel("GPUs allocated (%)")
+    ax.set_ylim(60, 100)
+    ax.set_xlim(60, max(int(k) for k in results[0].alloc))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title("GPU allocation vs arrived workload (Alibaba openb trace)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def progress(done: int, total: int) -> None:
+    width = 30
+    filled = width * done // total
+    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} runs", end="", file=sys.stderr, flush=True)
+    if done == total:
+        print(file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.inventory:
+        print(inventory_table(bundled_nodes()))
+        return 0
+    try:
+        policies = args.policy or list(DEFAULT_POLICIES)
+        unknown = [p for p in policies if p not in POLICIES]
+        if unknown:
+            raise TraceError(f"unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
+        seeds = parse_seeds(args.seeds)
+        if not 0.1 <= args.inflate <= 5:
+            raise TraceError("--inflate: expected a factor between 0.1 and 5")
+        nodes_csv = args.nodes or str(bundled_trace(TRACE[0]))
+        pods_csv = args.pods or str(bundled_trace(TRACE[1]))
+        load_nodes(Path(nodes_csv)), load_pods(Path(pods_csv))  # fail fast on bad input
+        jobs = [(nodes_csv, pods_csv, p, s, args.inflate, args.topology) for p in policies for s in seeds]
+        results: list[RunResult] = []
+        progress(0, len(jobs))
+        if args.workers > 1 and len(jobs) > 1:
+            with ProcessPoolExecutor(max_workers=args.workers) as pool:
+                for r in pool.map(_one, jobs):
+                    results.append(r)
+                    progress(len(results), len(jobs))
+        else:
+            for job in jobs:
+                results.append(_one(job))
+                progress(len(results), len(jobs))
+    except TraceError as exc:
+        print(f"gpu-tailor simulate: {exc}", file=sys.stderr)
+        return 2
+    print(table(results, args.topology))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": [r.wire() for r in results]}, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    plot_path = args.plot or "gpu-tailor-simulation.png"
+    plot(results, plot_path)
+    print(f"plot: {Path(plot_path).resolve()}")
+    return 0
 
 
 def bundled_nodes() -> list[NodeInventory]:
@@ -24,8 +160,3 @@ def inventory_table(nodes: list[NodeInventory]) -> str:
         rows.append((n.name, n.model or "-", str(n.gpu_count), f"{n.gpu_memory_mib / 1024:.0f}", health, offers))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
-
-
-def run(args: argparse.Namespace) -> int:
-    print(inventory_table(bundled_nodes()))
-    return 0

@@ -10,8 +10,9 @@ import sys
 
 from aiohttp import web
 
+from gpu_tailor.certs.serving import CertReloader, tls_context
 from gpu_tailor.webhook.config import ConfigError, load_policy
-from gpu_tailor.webhook.server import CertReloader, cluster_file_ctx, make_app, tls_context, watch_ctx
+from gpu_tailor.webhook.server import cluster_file_ctx, make_app, watch_ctx
 from gpu_tailor.webhook.state import ClusterView
 
 

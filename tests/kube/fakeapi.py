@@ -39,7 +39,7 @@ class FakeApi:
         self.binding_status = 201
         self.app = web.Application()
         self.app.router.add_get("/api/v1/{kind}", self._get)
-        self.app.router.add_post("/api/v1/namespaces/{ns}/pods/{name}/binding", self._bind)
+        self.app.router.add_post("/api/v1/namespaces/{ns}/bindings", self._bind)
         self.app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch)
         self.server: TestServer | None = None
         self.seen = asyncio.Condition()

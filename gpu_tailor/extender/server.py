@@ -1,0 +1,202 @@
+"""aiohttp app of the scheduler extender: /filter /prioritize /bind /preempt, probes and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gpu_tailor.extender import verbs
+from gpu_tailor.extender.state import ClusterState
+from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.occupancy import format_gpu_annotation
+from gpu_tailor.gpumodel.schedule import fit
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_BODY = 64 * 2**20  # a full NodeList of a big cluster is large
+
+
+class Binder(Protocol):
+    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None) -> None: ...
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("gpu_tailor_extender_requests", "Extender requests by verb and outcome",
+                                ["verb", "outcome"], registry=self.registry)
+        self.latency = Histogram("gpu_tailor_extender_seconds", "Extender request latency", ["verb"],
+                                 buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0),
+                                 registry=self.registry)
+
+
+class BinderSlot:
+    """Filled once the API client exists (after startup), or by tests."""
+
+    def __init__(self, binder: Binder | None = None) -> None:
+        self.binder = binder
+
+
+STATE = web.AppKey("state", ClusterState)
+BINDER = web.AppKey("binder", BinderSlot)
+METRICS = web.AppKey("metrics", Metrics)
+
+
+async def _body(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise verbs.WireError(f"malformed JSON: {exc}") from exc
+
+
+def _verb(name: str, fn: Callable[[web.Request, Any], Awaitable[Any]]) -> Callable[[web.Request],
+                                                                                    Awaitable[web.Response]]:
+    async def handler(request: web.Request) -> web.Response:
+        metrics = request.app[METRICS]
+        start = time.perf_counter()
+        outcome = "ok"
+        try:
+            body = await _body(request)
+            result = await fn(request, body)
+            if isinstance(result, dict) and result.get("Error"):
+                outcome = "error"
+            return web.json_response(result)
+        except verbs.WireError as exc:
+            outcome = "bad-request"
+            return web.json_response({"Error": str(exc)}, status=400)
+        except web.HTTPException:
+            outcome = "bad-request"
+            raise
+        except Exception as exc:  # never a stack trace to the scheduler
+            log.exception("%s failed", name)
+            outcome = "error"
+            if name == "prioritize":
+                return web.json_response({"Error": f"prioritize failed: {exc}"}, status=500)
+            return web.json_response({"Error": f"{name} failed: {type(exc).__name__}: {exc}"})
+        finally:
+            metrics.requests.labels(name, outcome).inc()
+            metrics.latency.labels(name).observe(time.perf_counter() - start)
+
+    return handler
+
+
+async def _filter(request: web.Request, body: Any) -> Any:
+    return verbs.filter_nodes(request.app[STATE], body)
+
+
+async def _prioritize(request: web.Request, body: Any) -> Any:
+    return verbs.prioritize(request.app[STATE], body)
+
+
+async def _preempt(request: web.Request, body: Any) -> Any:
+    return verbs.preempt(request.app[STATE], body)
+
+
+async def _bind(request: web.Request, body: Any) -> Any:
+    if not isinstance(body, dict) or not all(isinstance(body.get(k), str) for k in ("PodName", "PodNamespace",
+                                                                                    "Node")):
+        raise verbs.WireError("expected ExtenderBindingArgs with PodName, PodNamespace, PodUID, Node")
+    state = request.app[STATE]
+    binder = request.app[BINDER].binder
+    key = f"{body['PodNamespace']}/{body['PodName']}"
+    node, uid = body["Node"], str(body.get("PodUID") or "")
+    if binder is None:
+        return {"Error": "bind needs the API server (offline --cluster-file mode cannot bind)"}
+    rec = state.pods.get(key)
+    gpus: str | None = None
+    if rec is not None and rec.demand.gpu and node in state.nodes:
+        f = fit(state.nodes[node], rec.demand)
+        if not f.ok:
+            return {"Error": f"pod {key} no longer fits {node}: {f.reason}"}
+        if f.placement is not None:
+            gpus = format_gpu_annotation(f.placement.gpus)
+        state.assume(key, node, f.placement)  # the very next filter sees it
+    elif rec is not None:
+        state.assume(key, node, None)
+    try:
+        await binder.bind(body["PodNamespace"], body["PodName"], uid, node, gpus)
+    except Exception as exc:
+        state.forget(key)
+        return {"Error": f"binding {key} to {node} failed: {exc}"}
+    return {"Error": ""}
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[STATE].ready:
+        return web.Response(text="ok")
+    return web.Response(status=503, text="not synced with the API server yet")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def make_app(state: ClusterState, binder: Binder | None = None, max_body: int = DEFAULT_MAX_BODY) -> web.Application:
+    app = web.Application(client_max_size=max_body)
+    app[STATE] = state
+    app[METRICS] = Metrics()
+    app[BINDER] = BinderSlot(binder)
+    app.router.add_post("/filter", _verb("filter", _filter))
+    app.router.add_post("/prioritize", _verb("prioritize", _prioritize))
+    app.router.add_post("/bind", _verb("bind", _bind))
+    app.router.add_post("/preempt", _verb("preempt", _preempt))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+class ApiBinder:
+    """Records the GPUs in the pod annotation, then POSTs the Binding."""
+
+    def __init__(self, api: Any) -> None:
+        from kubernetes_asyncio import client
+
+        self.core = client.CoreV1Api(api)
+        self.client = client
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None) -> None:
+        c = self.client
+        if gpus is not None:
+            await self.core.patch_namespaced_pod(name, namespace,
+                                                 {"metadata": {"annotations": {labels.ANN_GPUS: gpus}}})
+        binding = c.V1Binding(metadata=c.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
+                              target=c.V1ObjectReference(kind="Node", name=node, api_version="v1"))
+        await self.core.create_namespaced_binding(namespace, binding, _preload_content=False)
+
+
+def watch_ctx(state: ClusterState, kubeconfig: str | None, in_cluster: bool) -> Any:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        from kubernetes_asyncio import client, config
+
+        from gpu_tailor.kube.watch import list_and_watch
+
+        if in_cluster or not kubeconfig:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        else:
+            await config.load_kube_config(config_file=kubeconfig)
+        api = client.ApiClient()
+        app[BINDER].binder = ApiBinder(api)
+        core = client.CoreV1Api(api)
+        tasks = [asyncio.create_task(list_and_watch(core.list_node, state.reset_nodes, state.apply_node)),
+                 asyncio.create_task(list_and_watch(core.list_pod_for_all_namespaces, state.reset_pods,
+                                                    state.apply_pod))]
+        yield
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await api.close()
+
+    return ctx

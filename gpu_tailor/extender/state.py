@@ -1,0 +1,182 @@
+"""The extender's picture of the cluster, kept by one writer (the watches or a cluster file).
+
+Per node: inventory, per-GPU occupancy and requested CPU/memory, and a row in the packing fleet
+that is updated incrementally on every change, so a request never recomputes or copies the cluster.
+Bind adds an *assumption* (the pod on its node and GPUs) that the next filter sees at once; it is
+dropped when the binding fails, the pod is deleted, or the watch shows the pod bound elsewhere. It
+lives in memory only: after a restart everything comes back from the API (annotations included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_tailor.gpumodel.inventory import from_node
+from gpu_tailor.gpumodel.occupancy import FULL, Placement
+from gpu_tailor.gpumodel.packing import Fleet, TailorPolicy
+from gpu_tailor.gpumodel.quantity import parse_quantity
+from gpu_tailor.gpumodel.schedule import Demand, NodeState, demand_of, node_state, pod_key, recorded_placement
+
+
+@dataclass
+class PodRecord:
+    key: str
+    uid: str
+    node: str  # "" while pending
+    demand: Demand
+    pod: dict[str, Any]
+    placement: Placement | None = None
+    assumed: bool = False
+
+
+def _active(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+class ClusterState:
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        self.pods: dict[str, PodRecord] = {}
+        self.by_uid: dict[str, str] = {}
+        self.fleet = Fleet()
+        self.policy = TailorPolicy(self.fleet)
+        self.nodes_synced = False
+        self.pods_synced = False
+
+    @property
+    def ready(self) -> bool:
+        return self.nodes_synced and self.pods_synced
+
+    # ----- the writer's side -----
+    def reset_nodes(self, items: list[dict[str, Any]]) -> None:
+        for name in list(self.nodes):
+            self.fleet.remove(name)
+        self.nodes = {}
+        for obj in items:
+            inv = from_node(obj)
+            self.nodes[inv.name] = node_state(inv)
+        for rec in self.pods.values():
+            rec.placement = None
+        for rec in self.pods.values():
+            self._place(rec)
+        for name in self.nodes:
+            self._sync(name)
+        self.nodes_synced = True
+
+    def apply_node(self, event: str, obj: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if event == "DELETED":
+            self.nodes.pop(name, None)
+            self.fleet.remove(name)
+            return
+        self.nodes[name] = node_state(from_node(obj))
+        for rec in self.pods.values():
+            if rec.node == name:
+                rec.placement = None
+                self._place(rec)
+        self._sync(name)
+
+    def reset_pods(self, items: list[dict[str, Any]]) -> None:
+        assumed = {k: r for k, r in self.pods.items() if r.assumed}
+        touched = set(self.nodes)
+        self.pods, self.by_uid = {}, {}
+        for node in self.nodes.values():
+            node.gpus.placements.clear()
+            for slot in node.gpus.slots:
+                slot.whole_by, slot.milli_used, slot.memory_used_mib, slot.replicas_used = None, 0, 0, 0
+                slot.mig.clear()
+                slot.pods.clear()
+            node.cpu_used, node.mem_used_mib, node.units_used = 0, 0, {}
+        for obj in items:
+            self._upsert_pod(obj, sync=False)
+        for key, rec in assumed.items():  # still pending in the list: our bind is in flight
+            now = self.pods.get(key)
+            if now is not None and not now.node and now.uid == rec.uid:
+                self.pods[key] = rec
+                self._place(rec)
+        for name in touched:
+            self._sync(name)
+        self.pods_synced = True
+
+    def apply_pod(self, event: str, obj: dict[str, Any]) -> None:
+        if event == "DELETED":
+            rec = self.pods.pop(pod_key(obj), None)
+            if rec is not None:
+                self.by_uid.pop(rec.uid, None)
+                self._unplace(rec)
+            return
+        self._upsert_pod(obj, sync=True)
+
+    def _upsert_pod(self, obj: dict[str, Any], sync: bool) -> None:
+        key = pod_key(obj)
+        old = self.pods.get(key)
+        node = str((obj.get("spec") or {}).get("nodeName") or "")
+        if not _active(obj):
+            node = ""
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        if old is not None:
+            if old.assumed and not node and old.uid == uid:
+                old.pod = obj  # still pending: keep our assumption
+                return
+            self._unplace(old, sync)
+        rec = PodRecord(key, uid, node, demand_of(obj), obj)
+        self.pods[key] = rec
+        self.by_uid[uid] = key
+        self._place(rec, sync)
+
+    def assume(self, key: str, node: str, placement: Placement | None) -> None:
+        rec = self.pods[key]
+        self._unplace(rec)
+        rec.node, rec.assumed = node, True
+        self._place(rec, placement=placement)
+
+    def forget(self, key: str) -> None:
+        rec = self.pods.get(key)
+        if rec is not None and rec.assumed:
+            self._unplace(rec)
+            rec.node, rec.assumed = "", False
+
+    def _place(self, rec: PodRecord, sync: bool = True, placement: Placement | None = None) -> None:
+        ns = self.nodes.get(rec.node)
+        if ns is None or not rec.node:
+            return
+        d = rec.demand
+        rec.placement = placement or recorded_placement(rec.pod, ns, d)
+        if rec.placement is not None:
+            ns.gpus.place(rec.key, rec.placement)
+            ns.units_used[d.resource] = ns.units_used.get(d.resource, 0) + d.units
+        ns.cpu_used += d.cpu_milli
+        ns.mem_used_mib += d.memory_mib
+        if sync:
+            self._sync(rec.node)
+
+    def _unplace(self, rec: PodRecord, sync: bool = True) -> None:
+        ns = self.nodes.get(rec.node)
+        if ns is None or not rec.node:
+            return
+        if ns.gpus.release(rec.key) is not None:
+            ns.units_used[rec.demand.resource] = ns.units_used.get(rec.demand.resource, 0) - rec.demand.units
+        ns.cpu_used -= rec.demand.cpu_milli
+        ns.mem_used_mib -= rec.demand.memory_mib
+        rec.placement = None
+        if sync:
+            self._sync(rec.node)
+
+    def _sync(self, name: str) -> None:
+        """Refresh the node's fleet row (free CPU, memory and per-GPU share)."""
+        ns = self.nodes.get(name)
+        if ns is None:
+            return
+        inv = ns.inventory
+        usable = ns.gpus.usable
+        free = [s.free_milli if i < usable else 0 for i, s in enumerate(ns.gpus.slots)]
+        alloc_cpu = inv.cpu_milli
+        self.fleet.upsert(name, alloc_cpu - ns.cpu_used, inv.memory_bytes // 2**20 - ns.mem_used_mib, free,
+                          inv.model, ns.gpus.topology, cpu_capacity=alloc_cpu)
+        if inv.unschedulable:
+            self.fleet.remove(name)
+
+
+def quantity_milli(value: str) -> int:
+    return int(parse_quantity(value) * FULL)

@@ -1,0 +1,176 @@
+"""The four extender verbs over the cluster state, on the ``k8s.io/kube-scheduler/extender/v1`` wire.
+
+Field names are the Go struct names (the types carry no JSON tags): ExtenderArgs ``Pod``, ``Nodes``,
+``NodeNames``; ExtenderFilterResult ``Nodes``, ``NodeNames``, ``FailedNodes``,
+``FailedAndUnresolvableNodes``, ``Error``; HostPriority ``Host``, ``Score``; ExtenderBindingArgs
+``PodName``, ``PodNamespace``, ``PodUID``, ``Node``; ExtenderPreemptionArgs ``Pod``,
+``NodeNameToVictims``, ``NodeNameToMetaVictims``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+from gpu_tailor.extender.state import ClusterState
+from gpu_tailor.gpumodel.inventory import HealthState
+from gpu_tailor.gpumodel.schedule import Demand, Fit, NodeState, demand_of, fit, shape_of
+
+MAX_SCORE = 10
+
+
+class WireError(ValueError):
+    """The body is not what kube-scheduler sends: HTTP 400."""
+
+
+def _pod(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise WireError("expected a JSON object")
+    pod = body.get("Pod")
+    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
+        raise WireError("'Pod' must be a Pod object with metadata")
+    return pod
+
+
+def _node_names(body: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any]] | None]:
+    """Candidate names, and the node objects when the scheduler sent a full NodeList."""
+    names = body.get("NodeNames")
+    if isinstance(names, list):
+        if not all(isinstance(n, str) for n in names):
+            raise WireError("'NodeNames' must be a list of strings")
+        return list(names), None
+    nodes = body.get("Nodes")
+    if isinstance(nodes, dict) and isinstance(nodes.get("items"), list):
+        objs = {str((n.get("metadata") or {}).get("name", "")): n for n in nodes["items"] if isinstance(n, dict)}
+        return list(objs), objs
+    raise WireError("expected 'NodeNames' (nodeCacheCapable) or 'Nodes' with 'items'")
+
+
+def demand_for(state: ClusterState, pod: dict[str, Any]) -> Demand:
+    return demand_of(pod)
+
+
+def _fit(state: ClusterState, name: str, demand: Demand) -> Fit:
+    ns = state.nodes.get(name)
+    if ns is None:
+        return Fit(False, "node not known to gpu-tailor yet (watch catching up)")
+    return fit(ns, demand)
+
+
+def filter_nodes(state: ClusterState, body: Any) -> dict[str, Any]:
+    pod = _pod(body)
+    names, objs = _node_names(body)
+    if not state.ready:
+        return {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
+                "Error": "gpu-tailor extender is not synced with the API server yet"}
+    demand = demand_for(state, pod)
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    for name in names:
+        if not demand.gpu and not demand.error:
+            passed.append(name)
+            continue
+        f = _fit(state, name, demand)
+        if f.ok:
+            passed.append(name)
+        elif f.unresolvable:
+            unresolvable[name] = f.reason
+        else:
+            failed[name] = f.reason
+    out: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+    if objs is None:
+        out["NodeNames"], out["Nodes"] = passed, None
+    else:
+        out["Nodes"], out["NodeNames"] = {"metadata": {}, "items": [objs[n] for n in passed]}, None
+    return out
+
+
+def prioritize(state: ClusterState, body: Any) -> list[dict[str, Any]]:
+    pod = _pod(body)
+    names, _ = _node_names(body)
+    if not state.ready or not names:
+        return [{"Host": n, "Score": 0} for n in names]
+    demand = demand_for(state, pod)
+    known = [n for n in names if n in state.nodes and n in state.fleet.index]
+    offering = None
+    for n in known:
+        offering = state.nodes[n].inventory.offering(demand.resource) if demand.gpu else None
+        if offering is not None:
+            break
+    shape = shape_of(demand, offering)
+    policy = state.policy
+    policy.observe(shape)
+    rows = np.array([state.fleet.index[n] for n in known], np.int64)
+    scores, _ = policy.node_scores(shape, rows) if len(rows) else (np.zeros(0), None)
+    by_name = {n: float(s) for n, s in zip(known, scores, strict=False) if not np.isnan(s)}
+    if demand.gpu:  # the fleet model is coarse for MIG/replicas: a node must also pass fit()
+        by_name = {n: s for n, s in by_name.items() if fit(state.nodes[n], demand).ok}
+    degraded = {n for n in known if state.nodes[n].inventory.health.state is HealthState.DEGRADED}
+    healthy = [s for n, s in by_name.items() if n not in degraded]
+    lo, hi = (min(healthy), max(healthy)) if healthy else (0.0, 0.0)
+    out = []
+    for n in names:
+        s = by_name.get(n)
+        if s is None or n in degraded:
+            score = 0  # degraded nodes last
+        elif hi > lo:
+            score = 1 + round((s - lo) * (MAX_SCORE - 1) / (hi - lo))
+        else:
+            score = MAX_SCORE
+        out.append({"Host": n, "Score": int(score)})
+    return out
+
+
+def _victim_uids(entry: Any) -> list[str]:
+    pods = (entry or {}).get("Pods") or []
+    uids = []
+    for p in pods:
+        if isinstance(p, dict):
+            uid = p.get("UID") or ((p.get("metadata") or {}).get("uid"))
+            if uid:
+                uids.append(str(uid))
+    return uids
+
+
+def _fits_without(state: ClusterState, ns: NodeState, demand: Demand, evicted: list[str]) -> bool:
+    trial = copy.copy(ns)
+    trial.gpus = copy.deepcopy(ns.gpus)
+    trial.units_used = dict(ns.units_used)
+    for uid in evicted:
+        rec = state.pods.get(state.by_uid.get(uid, ""))
+        if rec is None or rec.node != ns.name:
+            continue
+        if trial.gpus.release(rec.key) is not None and rec.demand.resource:
+            trial.units_used[rec.demand.resource] = trial.units_used.get(rec.demand.resource, 0) - rec.demand.units
+    return fit(trial, demand).ok
+
+
+def preempt(state: ClusterState, body: Any) -> dict[str, Any]:
+    pod = _pod(body)
+    meta_victims = body.get("NodeNameToMetaVictims")
+    full_victims = body.get("NodeNameToVictims")
+    source = meta_victims if isinstance(meta_victims, dict) else full_victims if isinstance(full_victims, dict) else {}
+    demand = demand_for(state, pod)
+    out: dict[str, Any] = {}
+    for node, entry in source.items():
+        uids = _victim_uids(entry)
+        pdb = int((entry or {}).get("NumPDBViolations") or 0)
+        ns = state.nodes.get(node)
+        if not demand.gpu or ns is None:
+            out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
+            continue
+        if not _fits_without(state, ns, demand, uids):
+            continue  # evicting them all still would not free the GPUs it needs
+        keep = list(uids)
+        for uid in uids:  # drop victims whose GPUs it does not need (CPU-only victims stay)
+            rec = state.pods.get(state.by_uid.get(uid, ""))
+            if rec is None or not rec.demand.gpu:
+                continue
+            rest = [u for u in keep if u != uid]
+            if _fits_without(state, ns, demand, rest):
+                keep = rest
+        out[node] = {"Pods": [{"UID": u} for u in keep], "NumPDBViolations": pdb}
+    return {"NodeNameToMetaVictims": out}
