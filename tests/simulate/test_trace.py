@@ -1,0 +1,156 @@
+"""The trace protocol and the baselines on tiny hand-made cases, and a reduced replay."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from gpu_tailor.cli import main
+from gpu_tailor.gpumodel.packing import (
+    BestFitPolicy,
+    FgdPolicy,
+    Fleet,
+    GpuPackingPolicy,
+    Mix,
+    Shape,
+    TailorPolicy,
+    candidates,
+)
+from gpu_tailor.simulate.cli import bundled_trace, parse_seeds
+from gpu_tailor.simulate.trace import TraceError, TracePod, _curve, arrivals, load_nodes, load_pods, replay
+
+
+def pods(*millis: int) -> list[TracePod]:
+    return [TracePod(f"p{i:02d}", Shape(1000, 1024, 1 if m else 0, m)) for i, m in enumerate(millis)]
+
+
+def test_inflation_appends_draws_after_the_shuffled_originals_and_stops_before_the_target() -> None:
+    original = pods(1000, 500, 0, 250)
+    seq = arrivals(original, seed=42, capacity_milli=2000, inflate=1.3)
+    assert sorted(p.name for p in seq[:4]) == [p.name for p in original]
+    extra = seq[4:]
+    assert extra and all(p.name.split("-tuned-")[0] in {"p00", "p01", "p02", "p03"} for p in extra)
+    assert [int(p.name.rsplit("-", 1)[1]) for p in extra] == list(range(len(extra)))
+    total = sum(p.shape.gpu_milli for p in seq)
+    assert total <= 2600 and total + 1000 > 2600 - 1000  # stopped at the first draw that overflowed
+
+
+def test_a_workload_above_the_target_is_thinned_keeping_order() -> None:
+    original = pods(*([1000] * 10))
+    seq = arrivals(original, seed=1, capacity_milli=5000, inflate=1.0)
+    assert sum(p.shape.gpu_milli for p in seq) == 5000 and len(seq) == 5
+    everything = [p.name for p in arrivals(original, seed=1, capacity_milli=10_000, inflate=1.0)]
+    assert [p.name for p in seq] == [n for n in everything if n in {p.name for p in seq}]  # order kept
+
+
+def test_the_curve_averages_events_per_whole_percent() -> None:
+    assert _curve({0: 0.0, 1: 3.0, 3: 9.0}, {0: 1, 1: 2, 3: 3}, 4) == {"0": 0.0, "1": 1.5, "2": 1.5, "3": 3.0,
+                                                                        "4": 3.0}
+
+
+def two_nodes() -> Fleet:
+    fleet = Fleet()
+    fleet.upsert("a", 32000, 65536, [1000, 300], "T4")
+    fleet.upsert("b", 32000, 65536, [1000, 1000], "T4")
+    return fleet
+
+
+def test_bestfit_and_packing_put_a_share_on_the_fullest_fitting_gpu() -> None:
+    share = Shape(1000, 1024, 1, 250)
+    for policy in (BestFitPolicy(two_nodes()), GpuPackingPolicy(two_nodes())):
+        choice = policy.choose(share)
+        assert choice is not None and (choice.node, choice.gpus) == (0, (1,)), policy.name
+
+
+def test_fgd_scores_by_hand() -> None:
+    fleet = two_nodes()
+    mix = Mix()
+    mix.observe(Shape(1000, 1024, 1, 1000))  # one pod type: a whole GPU
+    fgd = FgdPolicy(fleet, mix=mix)
+    share = Shape(1000, 1024, 1, 250)
+    c = candidates(fleet, share, fleet.rows())
+    got = {(int(n), int(g)): int(s) for n, g, s in zip(c.node, c.gpu, fgd.score(share, c), strict=True)}
+    # a: GPU1 300 -> 50 removes 250 of fragment; a: GPU0 and b: GPU0 each turn 750 into fragment
+    assert got == {(0, 0): math.floor(100 / (1 + math.exp(0.75))), (0, 1): math.floor(100 / (1 + math.exp(-0.25))),
+                   (1, 0): math.floor(100 / (1 + math.exp(0.75)))}
+    choice = fgd.choose(share)
+    assert choice is not None and (choice.node, choice.gpus) == (0, (1,))
+    assert fgd.fragmentation() == 300  # only a's 300 milli is unusable by a whole-GPU pod
+
+
+def test_a_multi_gpu_pod_needs_whole_free_gpus_and_cpu_and_model() -> None:
+    fleet = two_nodes()
+    assert list(fleet.feasible(Shape(1000, 1024, 2, 1000), fleet.rows())) == [False, True]
+    assert list(fleet.feasible(Shape(64000, 1024, 1, 100), fleet.rows())) == [False, False]
+    assert not fleet.feasible(Shape(1000, 1024, 1, 100, frozenset({"V100M32"})), fleet.rows()).any()
+
+
+def test_tailor_learns_the_mix_online_only_from_what_it_has_seen() -> None:
+    tailor = TailorPolicy(two_nodes())
+    assert tailor.mix.total == 0
+    tailor.observe(Shape(1000, 2048, 1, 500))
+    tailor.observe(Shape(1000, 2048, 1, 500))
+    assert tailor.mix.typical() == [((1000, 500, 1, frozenset()), 1.0)]
+
+
+def test_tailor_puts_multi_gpu_pods_on_an_nvlinked_set_when_one_exists() -> None:
+    from gpu_tailor.gpumodel.topology import nvlink_pairs
+
+    fleet = Fleet()
+    fleet.upsert("pairs", 64000, 262144, [1000, 0, 1000, 1000, 0, 0, 0, 0], "G2", nvlink_pairs(8))
+    fleet.upsert("other", 64000, 262144, [1000, 1000, 0, 0, 0, 0, 0, 0], "G2", nvlink_pairs(8))
+    choice = TailorPolicy(fleet).choose(Shape(1000, 1024, 2, 1000))
+    assert choice is not None and (choice.node, choice.gpus) in {(0, (2, 3)), (1, (0, 1))}
+
+
+def small_trace(tmp_path: Path, n_nodes: int = 40, n_pods: int = 300) -> tuple[Path, Path]:
+    nodes_csv, pods_csv = tmp_path / "nodes.csv", tmp_path / "small_pods.csv"
+    with bundled_trace("openb_node_list_gpu_node.csv").open() as src, nodes_csv.open("w") as dst:
+        dst.writelines(line for i, line in enumerate(src) if i <= n_nodes)
+    with bundled_trace("openb_pod_list_default.csv").open() as src, pods_csv.open("w") as dst:
+        dst.writelines(line for i, line in enumerate(src) if i <= n_pods)
+    return nodes_csv, pods_csv
+
+
+@pytest.mark.parametrize("policy", ["random", "dotprod", "gpupacking", "gpuclustering", "bestfit", "fgd", "tailor"])
+def test_reduced_replay(tmp_path: Path, policy: str) -> None:
+    nodes_csv, pods_csv = small_trace(tmp_path)
+    nodes, trace = load_nodes(nodes_csv), load_pods(pods_csv)
+    r = replay(nodes, trace, policy, seed=42, workload="small")
+    values = [r.alloc[str(k)] for k in range(131)]
+    assert all(0 <= v <= 100 for v in values)
+    assert r.alloc["100"] > 50 and r.failed_pods > 0  # 130% arrived cannot all fit
+    assert values == sorted(values)  # pods never leave: allocation only grows
+    capacity = sum(n.gpus for n in nodes) * 1000
+    assert r.frag["100"] >= 0 and capacity > 0
+
+
+def test_cli_writes_the_json_schema_and_the_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes_csv, pods_csv = small_trace(tmp_path)
+    out, png = tmp_path / "runs.json", tmp_path / "alloc.png"
+    assert main(["simulate", "--nodes", str(nodes_csv), "--pods", str(pods_csv), "--policy", "fgd", "--policy",
+                 "tailor", "--seeds", "42,43", "--json", str(out), "--plot", str(png)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["policy"], r["seed"]) for r in runs] == [("fgd", 42), ("fgd", 43), ("tailor", 42), ("tailor", 43)]
+    for r in runs:
+        assert set(r) == {"policy", "workload", "seed", "alloc", "frag", "failed_pods", "seconds"}
+        assert r["workload"] == "small_pods" and list(r["alloc"]) == [str(k) for k in range(131)]
+        assert list(r["frag"]) == ["100"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = capsys.readouterr().out
+    assert "alloc@100%" in table and "tailor" in table and str(png.resolve()) in table
+
+
+def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("sn,cpu_milli\nx,1\n")
+    assert main(["simulate", "--nodes", str(bad)]) == 2
+    assert "missing column" in capsys.readouterr().err
+    assert main(["simulate", "--policy", "nope"]) == 2
+    assert "unknown policy nope" in capsys.readouterr().err
+    with pytest.raises(TraceError):
+        parse_seeds("4x")
+    assert parse_seeds("42-44,50") == [42, 43, 44, 50]
