@@ -75,7 +75,7 @@ def main() -> None:
     node_objs = nodes(args.nodes)
     t0 = time.perf_counter()
     state = ClusterState()
-    state.reset_pods(pods(filt["Pod"], node_objs, args.pods, rng) + [filt["Pod"]])
+    state.reset_pods([*pods(filt["Pod"], node_objs, args.pods, rng), filt["Pod"]])
     state.reset_nodes(node_objs)
     build = time.perf_counter() - t0
     names = list(state.nodes)
