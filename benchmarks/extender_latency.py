@@ -11,15 +11,15 @@ followed by the assumption's removal. Prints p50/p99 per verb in milliseconds fr
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import random
 import resource
 import statistics
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from fixture_cluster import fixture_nodes
 
 from gpu_tailor.extender import verbs
 from gpu_tailor.extender.state import ClusterState
@@ -28,19 +28,7 @@ from gpu_tailor.gpumodel.schedule import fit
 FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "extender"
 
 
-def nodes(n: int) -> list[dict[str, Any]]:
-    folder = resources.files("gpu_tailor") / "data" / "nodes"
-    base = [json.loads(f.read_text()) for f in sorted(folder.iterdir(), key=lambda f: f.name)
-            if f.name.endswith(".json")]
-    out = []
-    for i in range(n):
-        node = copy.deepcopy(base[i % len(base)])
-        node["metadata"]["name"] = f"{node['metadata']['name']}-{i}"
-        out.append(node)
-    return out
-
-
-def pods(template: dict[str, Any], node_objs: list[dict[str, Any]], n: int, rng: random.Random) -> list[dict[str, Any]]:
+def pods(node_objs: list[dict[str, Any]], n: int, rng: random.Random) -> list[dict[str, Any]]:
     out = []
     for i in range(n):
         node = node_objs[rng.randrange(len(node_objs))]
@@ -72,10 +60,10 @@ def main() -> None:
     rng = random.Random(7)
     filt = json.loads((FIX / "filter-nodecache-true-pod-gpu4.json").read_text())
     prio = json.loads((FIX / "prioritize-nodecache-true-pod-gpu4.json").read_text())
-    node_objs = nodes(args.nodes)
+    node_objs = fixture_nodes(args.nodes)
     t0 = time.perf_counter()
     state = ClusterState()
-    state.reset_pods([*pods(filt["Pod"], node_objs, args.pods, rng), filt["Pod"]])
+    state.reset_pods([*pods(node_objs, args.pods, rng), filt["Pod"]])
     state.reset_nodes(node_objs)
     build = time.perf_counter() - t0
     names = list(state.nodes)
@@ -91,16 +79,15 @@ def main() -> None:
         t = time.perf_counter()
         verbs.prioritize(state, prio)
         times["prioritize"].append(time.perf_counter() - t)
-        victims = {n: {"Pods": [{"UID": r.uid} for r in list(state.pods.values())[:0]], "NumPDBViolations": 0}
-                   for n in cands[:50]}
+        victims: dict[str, Any] = {n: {"Pods": [], "NumPDBViolations": 0} for n in cands[:50]}
         t = time.perf_counter()
         verbs.preempt(state, {"Pod": filt["Pod"], "NodeNameToMetaVictims": victims})
         times["preempt"].append(time.perf_counter() - t)
-        target = next(n for n in cands if fit(state.nodes[n], demand).ok) if any(
-            fit(state.nodes[n], demand).ok for n in cands) else None
-        if target is not None:
+        fits = (f for n in cands if (f := fit(state.nodes[n], demand)).ok and (target := n))
+        chosen = next(fits, None)
+        if chosen is not None:
             t = time.perf_counter()
-            state.assume(key, target, fit(state.nodes[target], demand).placement)
+            state.assume(key, target, chosen.placement)
             state.forget(key)
             times["bind+forget"].append(time.perf_counter() - t)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

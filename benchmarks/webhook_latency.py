@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import json
 import statistics
 import time
-from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
+from fixture_cluster import fixture_nodes
 
 from gpu_tailor.webhook.config import Policy
 from gpu_tailor.webhook.mutate import decide
@@ -27,17 +25,6 @@ from gpu_tailor.webhook.server import make_app
 from gpu_tailor.webhook.state import ClusterView
 
 REVIEWS = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "admission"
-
-
-def cluster(n: int) -> list[dict[str, Any]]:
-    base = [json.loads(p.read_text()) for p in sorted(resources.files("gpu_tailor.data").joinpath("nodes").iterdir())
-            if p.name.endswith(".json")]
-    out = []
-    for i in range(n):
-        node = copy.deepcopy(base[i % len(base)])
-        node["metadata"]["name"] = f"{node['metadata']['name']}-{i}"
-        out.append(node)
-    return out
 
 
 def pct(values: list[float], q: float) -> float:
@@ -50,7 +37,7 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=300)
     args = parser.parse_args()
     view = ClusterView(Policy())
-    view.reset(cluster(args.nodes))
+    view.reset(fixture_nodes(args.nodes))
     reviews = {p.name[0]: json.loads(p.read_text()) for p in sorted(REVIEWS.glob("*.json"))}
     candidates = view.candidates()
     print(f"{args.nodes} nodes, {len(candidates)} offering groups, {args.rounds} rounds per review")

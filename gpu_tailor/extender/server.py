@@ -10,14 +10,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpu_tailor.extender import verbs
 from gpu_tailor.extender.state import ClusterState
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.occupancy import format_gpu_annotation
 from gpu_tailor.gpumodel.schedule import fit
+from gpu_tailor.serving import add_probes
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY = 64 * 2**20  # a full NodeList of a big cluster is large
@@ -128,21 +128,6 @@ async def _bind(request: web.Request, body: Any) -> Any:
     return {"Error": ""}
 
 
-async def healthz(request: web.Request) -> web.Response:
-    return web.Response(text="ok")
-
-
-async def readyz(request: web.Request) -> web.Response:
-    if request.app[STATE].ready:
-        return web.Response(text="ok")
-    return web.Response(status=503, text="not synced with the API server yet")
-
-
-async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
 def make_app(state: ClusterState, binder: Binder | None = None, max_body: int = DEFAULT_MAX_BODY) -> web.Application:
     app = web.Application(client_max_size=max_body)
     app[STATE] = state
@@ -152,9 +137,8 @@ def make_app(state: ClusterState, binder: Binder | None = None, max_body: int = 
     app.router.add_post("/prioritize", _verb("prioritize", _prioritize))
     app.router.add_post("/bind", _verb("bind", _bind))
     app.router.add_post("/preempt", _verb("preempt", _preempt))
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    add_probes(app, lambda a: a[STATE].ready, "not synced with the API server yet",
+               lambda a: a[METRICS].registry)
     return app
 
 

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_tailor.gpumodel.inventory import from_node
-from gpu_tailor.gpumodel.occupancy import FULL, Placement
+from gpu_tailor.gpumodel.occupancy import Placement
 from gpu_tailor.gpumodel.packing import Fleet, TailorPolicy
-from gpu_tailor.gpumodel.quantity import parse_quantity
 from gpu_tailor.gpumodel.schedule import Demand, NodeState, demand_of, node_state, pod_key, recorded_placement
 
 
@@ -82,11 +81,7 @@ class ClusterState:
         touched = set(self.nodes)
         self.pods, self.by_uid = {}, {}
         for node in self.nodes.values():
-            node.gpus.placements.clear()
-            for slot in node.gpus.slots:
-                slot.whole_by, slot.milli_used, slot.memory_used_mib, slot.replicas_used = None, 0, 0, 0
-                slot.mig.clear()
-                slot.pods.clear()
+            node.gpus.clear()
             node.cpu_used, node.mem_used_mib, node.units_used = 0, 0, {}
         for obj in items:
             self._upsert_pod(obj, sync=False)
@@ -177,6 +172,3 @@ class ClusterState:
         if inv.unschedulable:
             self.fleet.remove(name)
 
-
-def quantity_milli(value: str) -> int:
-    return int(parse_quantity(value) * FULL)

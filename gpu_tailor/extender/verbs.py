@@ -48,10 +48,6 @@ def _node_names(body: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, An
     raise WireError("expected 'NodeNames' (nodeCacheCapable) or 'Nodes' with 'items'")
 
 
-def demand_for(state: ClusterState, pod: dict[str, Any]) -> Demand:
-    return demand_of(pod)
-
-
 def _fit(state: ClusterState, name: str, demand: Demand) -> Fit:
     ns = state.nodes.get(name)
     if ns is None:
@@ -65,7 +61,7 @@ def filter_nodes(state: ClusterState, body: Any) -> dict[str, Any]:
     if not state.ready:
         return {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
                 "Error": "gpu-tailor extender is not synced with the API server yet"}
-    demand = demand_for(state, pod)
+    demand = demand_of(pod)
     passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
@@ -93,7 +89,7 @@ def prioritize(state: ClusterState, body: Any) -> list[dict[str, Any]]:
     names, _ = _node_names(body)
     if not state.ready or not names:
         return [{"Host": n, "Score": 0} for n in names]
-    demand = demand_for(state, pod)
+    demand = demand_of(pod)
     known = [n for n in names if n in state.nodes and n in state.fleet.index]
     offering = None
     for n in known:
@@ -153,7 +149,7 @@ def preempt(state: ClusterState, body: Any) -> dict[str, Any]:
     meta_victims = body.get("NodeNameToMetaVictims")
     full_victims = body.get("NodeNameToVictims")
     source = meta_victims if isinstance(meta_victims, dict) else full_victims if isinstance(full_victims, dict) else {}
-    demand = demand_for(state, pod)
+    demand = demand_of(pod)
     out: dict[str, Any] = {}
     for node, entry in source.items():
         uids = _victim_uids(entry)

@@ -90,6 +90,11 @@ class NodeGpus:
         return mig.fits_together(self.mig_sku, [*used, profile])
 
     # --- the single writer's operations --------------------------------------------------------
+    def clear(self) -> None:
+        """Forget every placement (before a relist re-places the pods)."""
+        self.placements.clear()
+        self.slots = [GpuSlot(s.index, s.memory_mib) for s in self.slots]
+
     def place(self, pod: str, placement: Placement) -> None:
         """Record a placement; replaces an earlier one of the same pod (idempotent on replays)."""
         if pod in self.placements:

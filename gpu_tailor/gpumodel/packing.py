@@ -199,10 +199,6 @@ class Fleet:
         best = topo.best_set(self.free_gpus(node), k)
         return best if best is not None and topo.all_nvlinked(best) else None
 
-    def used_milli(self) -> int:
-        live = self.gpu[: self.n][self.alive[: self.n]]
-        return int(np.where(live >= 0, MILLI - live, 0).sum())
-
     def capacity_milli(self) -> int:
         return int(self.ngpu[: self.n][self.alive[: self.n]].sum()) * MILLI
 
@@ -271,11 +267,13 @@ class Policy:
         gpu = np.full(len(rows), -1)
         if len(c.node):
             s = self.score(shape, c).astype(float)
-            pos = {int(r): j for j, r in enumerate(rows)}
-            order = np.lexsort((c.gpu, -s))
-            for k in order[::-1]:  # last write wins: the best (lowest GPU on ties) is written last
-                j = pos[int(c.node[k])]
-                best[j], gpu[j] = s[k], c.gpu[k]
+            pos = np.full(self.fleet.n, -1, np.int64)
+            pos[rows] = np.arange(len(rows))
+            order = np.lexsort((c.gpu, -s))  # best first, lowest GPU on ties
+            at = pos[c.node[order]]
+            _, first = np.unique(at, return_index=True)  # each row's first (best) candidate
+            take = order[first]
+            best[at[first]], gpu[at[first]] = s[take], c.gpu[take]
         return best, gpu
 
     def choose(self, shape: Shape, rows: Array | None = None) -> Choice | None:

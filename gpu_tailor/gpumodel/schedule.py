@@ -14,6 +14,7 @@ from typing import Any
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import PodAsk, Topology, from_pod
 from gpu_tailor.gpumodel.inventory import BackingKind, HealthState, NodeInventory, Offering
+from gpu_tailor.gpumodel.mig import sku_for_product
 from gpu_tailor.gpumodel.occupancy import FULL, NodeGpus, Placement, parse_gpu_annotation
 from gpu_tailor.gpumodel.packing import Shape
 from gpu_tailor.gpumodel.quantity import parse_quantity
@@ -95,13 +96,8 @@ class NodeState:
 
 def node_state(inv: NodeInventory) -> NodeState:
     topo = infer(inv.model, inv.product.raw if inv.product else "", inv.gpu_count, inv.labels)
-    sku = None
-    for o in inv.offerings:
-        if o.mig_profile is not None:
-            from gpu_tailor.gpumodel.mig import sku_for_product
-
-            sku = sku_for_product(inv.product.raw if inv.product else "")
-            break
+    has_mig = any(o.mig_profile is not None for o in inv.offerings)
+    sku = sku_for_product(inv.product.raw) if has_mig and inv.product else None
     gpus = NodeGpus(inv.gpu_count, inv.gpu_memory_mib, topo, usable=inv.usable_gpus, mig_sku=sku)
     return NodeState(inv, gpus)
 

@@ -5,22 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 
-from aiohttp import web
-
-from gpu_tailor.certs.serving import CertReloader, tls_context
+from gpu_tailor.serving import CertReloader, serve_until_stopped, tls_context
 from gpu_tailor.webhook.config import ConfigError, load_policy
 from gpu_tailor.webhook.server import cluster_file_ctx, make_app, watch_ctx
 from gpu_tailor.webhook.state import ClusterView
-
-
-def split_listen(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"--listen {listen!r}: expected HOST:PORT")
-    return host.strip("[]"), int(port)
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -31,23 +21,7 @@ async def serve(args: argparse.Namespace) -> None:
     else:
         app.cleanup_ctx.append(watch_ctx(args.kubeconfig, args.in_cluster))
     ctx = tls_context(args.tls_cert, args.tls_key)
-    reloader = CertReloader(ctx, args.tls_cert, args.tls_key)
-    host, port = split_listen(args.listen)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, host, port, ssl_context=ctx).start()
-    logging.info("webhook serving https://%s:%d/mutate", host, port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # the kubelet stops pods with SIGTERM
-        loop.add_signal_handler(sig, stop.set)
-    rotation = asyncio.create_task(reloader.run())
-    try:
-        await stop.wait()
-        logging.info("shutting down")
-    finally:
-        rotation.cancel()
-        await runner.cleanup()
+    await serve_until_stopped(app, args.listen, ctx, CertReloader(ctx, args.tls_cert, args.tls_key), "webhook")
 
 
 def run(args: argparse.Namespace) -> int:

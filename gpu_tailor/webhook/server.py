@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
+from gpu_tailor.serving import add_probes
 from gpu_tailor.webhook.mutate import decide
 from gpu_tailor.webhook.state import ClusterView
 from gpu_tailor.webhook.wire import AdmissionReview, response
@@ -59,29 +59,12 @@ async def mutate(request: web.Request) -> web.Response:
     return web.json_response(response(review.request.uid, decision))
 
 
-async def healthz(request: web.Request) -> web.Response:
-    return web.Response(text="ok")
-
-
-async def readyz(request: web.Request) -> web.Response:
-    if request.app[VIEW].ready:
-        return web.Response(text="ok")
-    return web.Response(status=503, text="node inventory not synced yet")
-
-
-async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=generate_latest(request.app[METRICS].registry),
-                        headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
 def make_app(view: ClusterView) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
     app[VIEW] = view
     app[METRICS] = Metrics()
     app.router.add_post("/mutate", mutate)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    add_probes(app, lambda a: a[VIEW].ready, "node inventory not synced yet", lambda a: a[METRICS].registry)
     return app
 
 

@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpu_tailor.certs.authority import ensure
-from gpu_tailor.certs.serving import CertReloader, tls_context
+from gpu_tailor.serving import CertReloader, tls_context
 from gpu_tailor.webhook.config import Policy
 from gpu_tailor.webhook.server import MAX_BODY, make_app
 from gpu_tailor.webhook.state import ClusterView
