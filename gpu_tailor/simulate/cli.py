@@ -12,8 +12,9 @@ from pathlib import Path
 from statistics import mean
 
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
-from gpu_tailor.gpumodel.packing import POLICIES
-from gpu_tailor.simulate.trace import RunResult, TraceError, load_nodes, load_pods, replay
+from gpu_tailor.gpumodel.packing import MILLI, POLICIES
+from gpu_tailor.simulate.headroom import Headroom, headroom
+from gpu_tailor.simulate.trace import RunResult, TraceError, arrivals, load_nodes, load_pods, replay
 
 DEFAULT_POLICIES = ("tailor", "fgd", "bestfit")
 TRACE = "openb_node_list_gpu_node.csv", "openb_pod_list_default.csv"
@@ -43,7 +44,7 @@ def _one(job: tuple[str, str, str, int, float, str]) -> RunResult:
                   inflate=inflate, topology=topology)
 
 
-def table(results: list[RunResult], topology: str) -> str:
+def table(results: list[RunResult], topology: str, refs: list[Headroom] | None = None) -> str:
     groups: dict[tuple[str, str], list[RunResult]] = defaultdict(list)
     for r in results:
         groups[(r.workload, r.policy)].append(r)
@@ -66,7 +67,12 @@ def table(results: list[RunResult], topology: str) -> str:
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     cells = (enumerate(zip(r, widths, strict=True)) for r in rows)
-    return "\n".join("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in row) for row in cells)
+    out = "\n".join("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in row) for row in cells)
+    if refs:
+        out += (f"\nGPU-only references at 100% arrived, mean of {len(refs)} seed(s), with CPU, memory, models and"
+                f" node boundaries ignored:\n  online best-fit {mean(r.online for r in refs):.2f}"
+                f"   offline best-fit-decreasing {mean(r.offline for r in refs):.2f}")
+    return out
 
 
 def plot(results: list[RunResult], path: str) -> None:
@@ -119,7 +125,9 @@ def run(args: argparse.Namespace) -> int:
             raise TraceError("--inflate: expected a factor between 0.1 and 5")
         nodes_csv = args.nodes or str(bundled_trace(TRACE[0]))
         pods_csv = args.pods or str(bundled_trace(TRACE[1]))
-        load_nodes(Path(nodes_csv)), load_pods(Path(pods_csv))  # fail fast on bad input
+        nodes, pods = load_nodes(Path(nodes_csv)), load_pods(Path(pods_csv))  # fail fast on bad input
+        gpus = sum(n.gpus for n in nodes)
+        refs = [headroom((p.shape for p in arrivals(pods, s, gpus * MILLI, args.inflate)), gpus) for s in seeds]
         jobs = [(nodes_csv, pods_csv, p, s, args.inflate, args.topology) for p in policies for s in seeds]
         results: list[RunResult] = []
         progress(0, len(jobs))
@@ -135,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     except TraceError as exc:
         print(f"gpu-tailor simulate: {exc}", file=sys.stderr)
         return 2
-    print(table(results, args.topology))
+    print(table(results, args.topology, refs))
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": [r.wire() for r in results]}, indent=1) + "\n")
         print(f"wrote {args.json}")

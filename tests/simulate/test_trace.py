@@ -96,6 +96,44 @@ def test_tailor_learns_the_mix_online_only_from_what_it_has_seen() -> None:
     assert tailor.mix.typical() == [((1000, 500, 1, frozenset()), 1.0)]
 
 
+def test_tailor_keeps_cpu_for_gpus_that_need_it_where_fgd_sees_no_difference() -> None:
+    # a GPU-rich node "lean" (96 cores: only 6 pods of 16 cores for its 8 GPUs) and a CPU-rich "rich"
+    # (160 cores); a CPU-only pod of 32 cores leaves one 16-core pod fitting on either, so FGD scores
+    # both the same and the node rank picks "lean", stranding two more of its GPUs
+    def fleet() -> Fleet:
+        f = Fleet()
+        f.upsert("lean", 96000, 393216, [1000] * 8, "G2")
+        f.upsert("rich", 160000, 393216, [1000] * 8, "G2")
+        return f
+
+    mix = Mix()
+    gpu_pod, cpu_pod = Shape(16000, 1024, 1, 1000), Shape(32000, 1024)
+    mix.observe(gpu_pod)
+    fgd_choice = FgdPolicy(fleet(), mix=mix).choose(cpu_pod)
+    tailor = TailorPolicy(fleet())
+    tailor.observe(gpu_pod)
+    tailor_choice = tailor.choose(cpu_pod)
+    assert fgd_choice is not None and fgd_choice.node == 0
+    assert tailor_choice is not None and tailor_choice.node == 1
+    # by hand: on "lean" 6 -> 4 pods of CPU for 8 GPUs strands 2000 more milli; "rich" 10 -> 8 strands none
+    c = candidates(tailor.fleet, cpu_pod, tailor.fleet.rows())
+    assert list(tailor.delta(cpu_pod, c)) == [-2000.0, 0.0]
+
+
+def test_tailor_counts_all_free_gpu_as_fragment_when_no_cpu_is_left_as_fgd_does() -> None:
+    fleet = Fleet()
+    fleet.upsert("n", 8000, 65536, [1000, 600], "T4")
+    tailor = TailorPolicy(fleet)
+    tailor.observe(Shape(4000, 1024, 1, 500))
+    assert tailor.fragmentation() == 0  # 8 cores feed both GPUs: nothing stranded
+    fleet.take(0, Shape(6000, 1024), ())
+    assert tailor.fragmentation() == 1600  # 2 cores feed no pod: all 1600 milli is fragment
+    fleet.release(0, Shape(6000, 1024), ())
+    fleet.take(0, Shape(3000, 1024), ())
+    # one pod fed of two the GPUs could take: one fitting GPU's worth (their mean, 800) is stranded
+    assert tailor.fragmentation() == 800
+
+
 def test_tailor_puts_multi_gpu_pods_on_an_nvlinked_set_when_one_exists() -> None:
     from gpu_tailor.gpumodel.topology import nvlink_pairs
 
@@ -142,6 +180,7 @@ def test_cli_writes_the_json_schema_and_the_plot(tmp_path: Path, capsys: pytest.
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
     assert "alloc@100%" in table and "tailor" in table and str(png.resolve()) in table
+    assert "online best-fit" in table and "offline best-fit-decreasing" in table
 
 
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
