@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -163,24 +162,17 @@ class ApiBinder:
 
 def watch_ctx(state: ClusterState, kubeconfig: str | None, in_cluster: bool) -> Any:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        from kubernetes_asyncio import client, config
+        from kubernetes_asyncio import client
 
-        from gpu_tailor.kube.watch import list_and_watch
+        from gpu_tailor.kube.watch import list_and_watch, watching
 
-        if in_cluster or not kubeconfig:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        else:
-            await config.load_kube_config(config_file=kubeconfig)
-        api = client.ApiClient()
-        app[BINDER].binder = ApiBinder(api)
-        core = client.CoreV1Api(api)
-        tasks = [asyncio.create_task(list_and_watch(core.list_node, state.reset_nodes, state.apply_node)),
-                 asyncio.create_task(list_and_watch(core.list_pod_for_all_namespaces, state.reset_pods,
-                                                    state.apply_pod))]
-        yield
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await api.close()
+        def watches(api: Any) -> list[Coroutine[Any, Any, None]]:
+            core = client.CoreV1Api(api)
+            return [list_and_watch(core.list_node, state.reset_nodes, state.apply_node),
+                    list_and_watch(core.list_pod_for_all_namespaces, state.reset_pods, state.apply_pod)]
+
+        async with watching(kubeconfig, in_cluster, watches) as api:
+            app[BINDER].binder = ApiBinder(api)
+            yield
 
     return ctx

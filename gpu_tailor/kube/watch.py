@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
 from typing import Any
 
 from kubernetes_asyncio import watch
@@ -88,3 +89,25 @@ async def _watch_once(list_fn: ListFn, rv: str, on_event: Callable[[str, dict[st
             if kind != "BOOKMARK":
                 on_event(str(kind), raw)
     return rv
+
+
+@asynccontextmanager
+async def watching(kubeconfig: str | None, in_cluster: bool,
+                   watches: Callable[[Any], list[Coroutine[Any, Any, None]]]) -> AsyncIterator[Any]:
+    """An API client (in-cluster config, or ``kubeconfig``) with ``watches(api)`` running as tasks;
+    leaving cancels them and closes the client."""
+    from kubernetes_asyncio import client, config
+
+    if in_cluster or not kubeconfig:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config(config_file=kubeconfig)
+    api = client.ApiClient()
+    tasks = [asyncio.create_task(w) for w in watches(api)]
+    try:
+        yield api
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await api.close()

@@ -8,7 +8,6 @@ MiB for a pod). TLS material is reloaded when the files change, so cert-manager 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -81,20 +80,13 @@ def cluster_file_ctx(path: str) -> Any:
 
 def watch_ctx(kubeconfig: str | None, in_cluster: bool) -> Any:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        from kubernetes_asyncio import client, config
+        from kubernetes_asyncio import client
 
-        from gpu_tailor.kube.watch import list_and_watch
+        from gpu_tailor.kube.watch import list_and_watch, watching
 
-        if in_cluster or not kubeconfig:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        else:
-            await config.load_kube_config(config_file=kubeconfig)
-        api = client.ApiClient()
         view = app[VIEW]
-        task = asyncio.create_task(list_and_watch(client.CoreV1Api(api).list_node, view.reset, view.apply))
-        yield
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await api.close()
+        async with watching(kubeconfig, in_cluster,
+                            lambda api: [list_and_watch(client.CoreV1Api(api).list_node, view.reset, view.apply)]):
+            yield
 
     return ctx

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import client
 
-from gpu_tailor.kube.watch import list_all, list_and_watch
+from gpu_tailor.kube.watch import list_all, list_and_watch, watching
 from tests.conftest import FIXTURES, load_fixture, node_fixture
 from tests.kube.fakeapi import FakeApi
 
@@ -141,3 +143,29 @@ async def test_an_api_outage_on_list_is_retried_and_nothing_is_reset_until_a_lis
                 await asyncio.wait_for(api.wait_requests(4), 10)
     assert [bool(q.get("watch")) for _, q in api.requests] == [False, False, False, True]
     assert store.log == ["reset:0"]
+
+
+async def test_watching_loads_a_kubeconfig_runs_the_watches_and_stops_them_on_leaving(tmp_path: Path) -> None:
+    store = Store()
+    async with FakeApi() as api:
+        assert api.server is not None
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": str(api.server.make_url("")).rstrip("/")}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}]}))
+        api.add_list("nodes", [{"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"},
+                                "items": [node_fixture(n) for n in NODE_NAMES]}])
+        started: list[Coroutine[Any, Any, None]] = []
+
+        def watches(http: Any) -> list[Coroutine[Any, Any, None]]:
+            started.append(list_and_watch(client.CoreV1Api(http).list_node, store.reset, store.event, backoff=0))
+            return started
+
+        async with watching(str(kubeconfig), False, watches):
+            await asyncio.wait_for(api.wait_requests(2), 10)  # the list, then the (idle) watch
+            assert inspect.getcoroutinestate(started[0]) == inspect.CORO_SUSPENDED  # still watching
+        assert sorted(store.objects) == NODE_NAMES
+        assert [q.get("watch", "").lower() for _, q in api.requests] == ["", "true"]
+        assert inspect.getcoroutinestate(started[0]) == inspect.CORO_CLOSED  # cancelled on leaving
