@@ -29,6 +29,9 @@ import numpy as np
 from gpu_tailor.gpumodel.topology import GpuTopology
 
 MILLI = 1000
+# tailor keeps pods off a GPU model once those restricted to it are expected to need this much of its
+# free share (model_pressure), fully so at 1.0; the margin covers their random arrival
+RESERVE_FROM = 0.8
 Array = np.ndarray[Any, Any]
 
 
@@ -536,11 +539,19 @@ class TailorPolicy(FgdPolicy):
     """gpu-tailor's policy: fragmentation gradient descent that also counts GPUs CPU cannot feed.
 
     - The pod-type mix is learnt from the pods seen so far (a live scheduler cannot read ahead).
-    - FGD asks whether ONE pod of type m still fits a node. Tailor also asks how many: a node whose
-      free CPU feeds only ``b`` pods of type m while its GPUs could take ``u > b`` of them strands
-      the GPUs of the other ``u - b`` pods, and those count as fragmentation for m. FGD's own rule
-      (nothing fits: all free GPU is lost) is the ``b == 0`` end of the same term. On the openb
-      trace this cuts the idle GPUs left behind at saturation from ~0.4% of the fleet to ~0.03%.
+    - FGD asks whether ONE pod of type m still fits a node. For the GPU-sharing types tailor also
+      asks how many: a node whose free CPU feeds only ``b`` pods of type m while its GPUs could take
+      ``u > b`` of them strands the GPUs of the other ``u - b`` pods, and those count as
+      fragmentation for m. FGD's own rule (nothing fits: all free GPU is lost) is the ``b == 0`` end
+      of the same term. Whole-GPU types are left to FGD's rule: a GPU that a 19-core pod's CPU cannot
+      reach still takes a 3-core sharing pod, and counting it as lost sent CPU-heavy pods to the
+      CPU-rich nodes that 8-GPU pods need (0.2-0.3 points lost on multi-GPU heavy workloads).
+    - GPU models that pods restricted to them will need are kept for them: once those pods are
+      expected to need more than ``RESERVE_FROM`` of a model's free share (``model_pressure``), a
+      placement there is charged the GPU milli it takes, in the same units as the fragmentation. FGD
+      sees a restricted pod type only through its small share of the mix, so on a workload where
+      a quarter of the GPU pods name a model, unrestricted pods fill the scarce models (P100, V100,
+      T4) early and the restricted ones fail.
     - Multi-GPU pods go to an all-NVLink set of GPUs whenever one is free anywhere, and single whole
       GPUs are taken so that NVLink pairs and islands stay whole.
     - The score keeps FGD's integer sigmoid points: exact comparison (and best-fit tie breaks) did
@@ -552,8 +563,49 @@ class TailorPolicy(FgdPolicy):
 
     name = "tailor"
 
+    def __init__(self, fleet: Fleet, seed: int = 0, mix: Mix | None = None) -> None:
+        super().__init__(fleet, seed, mix)
+        self.gpu_seen = 0  # GPU milli of every GPU pod seen
+        self.typed: Counter[frozenset[str]] = Counter()  # ... of those that allow only some models
+
     def observe(self, shape: Shape) -> None:
         self.mix.observe(shape)
+        if shape.gpus:
+            self.gpu_seen += shape.gpu_milli
+            if shape.models:
+                self.typed[shape.models] += shape.gpu_milli
+
+    def model_pressure(self) -> Array:
+        """Per GPU model: the GPU share that pods restricted to it are expected to need, over its free share.
+
+        Pods allowing the models S have brought ``share_S`` of all GPU demand so far; filling what is
+        free now brings ``share_S x free`` more of theirs, spread over S by free share. A model at
+        1.0 is exactly used up by them; other pods should keep off it well before that.
+        """
+        f = self.fleet
+        rho = np.zeros(len(f.models))
+        if not self.typed:
+            return rho
+        rows = f.rows()
+        model = f.model[rows]
+        free = np.where(f.gpu[rows] >= 0, f.gpu[rows], 0).sum(axis=1)
+        known = model >= 0
+        per_model = np.bincount(model[known], weights=free[known], minlength=len(f.models))
+        for models, milli in self.typed.items():
+            ids = [f.model_ids[m] for m in models if m in f.model_ids]
+            if ids:
+                rho[ids] += milli / self.gpu_seen * free.sum() / max(float(per_model[ids].sum()), 1.0)
+        return rho
+
+    def delta(self, shape: Shape, c: Candidates) -> Array:
+        """FGD's delta, less the GPU milli a placement takes from models that restricted pods will need."""
+        d = super().delta(shape, c)
+        if shape.gpus and self.typed and len(c.node):
+            reserve = np.clip((self.model_pressure() - RESERVE_FROM) / (1 - RESERVE_FROM), 0.0, 1.0)
+            model = self.fleet.model[c.node]
+            cost = np.where(model >= 0, reserve[np.maximum(model, 0)], 0.0)
+            d = d - c.count * (c.before - c.after) * cost
+        return d
 
     def _fragmentation(self, nodes: Array, cpu: Array, cnt: Array, small: Array, free: Array) -> Array:
         model = self.fleet.model[nodes]
@@ -565,7 +617,7 @@ class TailorPolicy(FgdPolicy):
         # the GPUs that fit type m hold (free - small) milli between them: those of the pods that
         # CPU cannot feed are stranded
         mean_fit = (free[:, None] - small) / np.maximum(cnt, 1)
-        stranded = np.maximum(0, by_gpu - by_cpu) * per_pod * mean_fit
+        stranded = np.where(self.t_milli < MILLI, np.maximum(0, by_gpu - by_cpu) * per_pod * mean_fit, 0.0)
         frag = np.where(fits, small + stranded, free[:, None])
         out: Array = frag @ self.t_p
         return out

@@ -97,9 +97,9 @@ def test_tailor_learns_the_mix_online_only_from_what_it_has_seen() -> None:
 
 
 def test_tailor_keeps_cpu_for_gpus_that_need_it_where_fgd_sees_no_difference() -> None:
-    # a GPU-rich node "lean" (96 cores: only 6 pods of 16 cores for its 8 GPUs) and a CPU-rich "rich"
-    # (160 cores); a CPU-only pod of 32 cores leaves one 16-core pod fitting on either, so FGD scores
-    # both the same and the node rank picks "lean", stranding two more of its GPUs
+    # a GPU-rich node "lean" (96 cores: only 6 sharing pods of 16 cores for its 8 GPUs) and a
+    # CPU-rich "rich" (160 cores); a CPU-only pod of 32 cores leaves one 16-core pod fitting on
+    # either, so FGD scores both the same and the node rank picks "lean", stranding two more GPUs
     def fleet() -> Fleet:
         f = Fleet()
         f.upsert("lean", 96000, 393216, [1000] * 8, "G2")
@@ -107,7 +107,7 @@ def test_tailor_keeps_cpu_for_gpus_that_need_it_where_fgd_sees_no_difference() -
         return f
 
     mix = Mix()
-    gpu_pod, cpu_pod = Shape(16000, 1024, 1, 1000), Shape(32000, 1024)
+    gpu_pod, cpu_pod = Shape(16000, 1024, 1, 500), Shape(32000, 1024)
     mix.observe(gpu_pod)
     fgd_choice = FgdPolicy(fleet(), mix=mix).choose(cpu_pod)
     tailor = TailorPolicy(fleet())
@@ -118,6 +118,18 @@ def test_tailor_keeps_cpu_for_gpus_that_need_it_where_fgd_sees_no_difference() -
     # by hand: on "lean" 6 -> 4 pods of CPU for 8 GPUs strands 2000 more milli; "rich" 10 -> 8 strands none
     c = candidates(tailor.fleet, cpu_pod, tailor.fleet.rows())
     assert list(tailor.delta(cpu_pod, c)) == [-2000.0, 0.0]
+
+
+def test_tailor_leaves_whole_gpu_types_to_fgds_rule() -> None:
+    # one 16-core whole-GPU type: "lean" feeds 6 of them for 8 GPUs, but an idle GPU there still
+    # takes other pods, so it is not counted lost; only "nothing fits" is (FGD's rule)
+    fleet = Fleet()
+    fleet.upsert("lean", 96000, 393216, [1000] * 8, "G2")
+    tailor = TailorPolicy(fleet)
+    tailor.observe(Shape(16000, 1024, 1, 1000))
+    assert tailor.fragmentation() == 0
+    fleet.take(0, Shape(90000, 1024), ())
+    assert tailor.fragmentation() == 8000
 
 
 def test_tailor_counts_all_free_gpu_as_fragment_when_no_cpu_is_left_as_fgd_does() -> None:
@@ -132,6 +144,57 @@ def test_tailor_counts_all_free_gpu_as_fragment_when_no_cpu_is_left_as_fgd_does(
     fleet.take(0, Shape(3000, 1024), ())
     # one pod fed of two the GPUs could take: one fitting GPU's worth (their mean, 800) is stranded
     assert tailor.fragmentation() == 800
+
+
+def _two_models() -> Fleet:
+    # "p100" ranks first, so on equal scores every pod goes there; "g2a" and "g2b" are the big pool.
+    # The tests give tailor a mix of the most common kind only (coverage 0.5), so fragmentation
+    # scores all three nodes the same and only the reservation can tell them apart.
+    f = Fleet()
+    f.upsert("p100", 64000, 262144, [1000, 1000], "P100")
+    f.upsert("g2a", 64000, 262144, [1000, 1000], "G2")
+    f.upsert("g2b", 64000, 262144, [1000, 1000], "G2")
+    return f
+
+
+def test_tailor_keeps_a_model_for_the_pods_restricted_to_it_once_they_need_most_of_it() -> None:
+    whole, p100_only = Shape(8000, 1024, 1, 1000), Shape(8000, 1024, 1, 1000, frozenset({"P100"}))
+    tailor = TailorPolicy(_two_models(), mix=Mix(coverage=0.5))
+    for shape in (whole, whole, p100_only):
+        tailor.observe(shape)
+    # by hand: P100-only pods brought 1000 of 3000 milli; filling the 6000 free brings 2000 more of
+    # theirs, on P100's 2000 free: pressure 1.0, so a placement there is charged all it takes
+    assert tailor.model_pressure().tolist() == [1.0, 0.0]
+    c = candidates(tailor.fleet, whole, tailor.fleet.rows())
+    plain = FgdPolicy.delta(tailor, whole, c)
+    assert (plain[1:] == plain[0]).all()  # fragmentation alone sees no difference
+    assert list(tailor.delta(whole, c) - plain) == [-1000.0, 0.0, 0.0]
+    choice = tailor.choose(whole)
+    assert choice is not None and tailor.fleet.names[choice.node] == "g2a"
+    restricted = tailor.choose(p100_only)  # the pods it is kept for still go there
+    assert restricted is not None and tailor.fleet.names[restricted.node] == "p100"
+
+
+def test_tailor_lets_other_pods_use_a_model_while_restricted_pods_need_little_of_it() -> None:
+    whole, p100_only = Shape(8000, 1024, 1, 1000), Shape(8000, 1024, 1, 1000, frozenset({"P100"}))
+    tailor = TailorPolicy(_two_models(), mix=Mix(coverage=0.5))
+    for shape in [whole] * 9 + [p100_only]:
+        tailor.observe(shape)
+    # 1000 of 10000 milli: 600 more expected on P100's 2000 free, 0.3, under RESERVE_FROM
+    assert tailor.model_pressure()[0] == pytest.approx(0.3)
+    c = candidates(tailor.fleet, whole, tailor.fleet.rows())
+    assert (tailor.delta(whole, c) == FgdPolicy.delta(tailor, whole, c)).all()
+    choice = tailor.choose(whole)
+    assert choice is not None and tailor.fleet.names[choice.node] == "p100"
+
+
+def test_model_pressure_spreads_a_multi_model_restriction_over_its_models_free_share() -> None:
+    tailor = TailorPolicy(_two_models())
+    tailor.fleet.take(1, Shape(0, 0, 1, 1000), (0,))  # g2a: one GPU taken; 5000 free in all
+    tailor.observe(Shape(8000, 1024, 1, 1000, frozenset({"P100", "G2"})))
+    tailor.observe(Shape(8000, 1024, 1, 1000))
+    # half of the demand allows P100 or G2, which hold all 5000 free: 2500 / 5000 on each
+    assert tailor.model_pressure().tolist() == [0.5, 0.5]
 
 
 def test_tailor_puts_multi_gpu_pods_on_an_nvlinked_set_when_one_exists() -> None:
