@@ -45,7 +45,7 @@ def derive(name: str, seed: int = 7) -> list[TracePod]:
     """The workload ``name`` (one of FAMILIES), derived from the bundled ones."""
     rng = random.Random(seed)
     pods = load_pods(bundled_trace("openb_pod_list_default.csv"))
-    share = int(name.rstrip("abcdefghijklmnopqrstuvwxyz")[-2:]) / 100
+    share = int(name[-2:]) / 100
     total = sum(map(_demand, pods))
     if name.startswith("multigpu"):
         multi = [p for p in pods if p.shape.gpus > 1]

@@ -586,9 +586,9 @@ class TailorPolicy(FgdPolicy):
         rho = np.zeros(len(f.models))
         if not self.typed:
             return rho
+        self._refresh()  # the per-node free milli is FGD's cache
         rows = f.rows()
-        model = f.model[rows]
-        free = np.where(f.gpu[rows] >= 0, f.gpu[rows], 0).sum(axis=1)
+        model, free = f.model[rows], self._free[rows]
         known = model >= 0
         per_model = np.bincount(model[known], weights=free[known], minlength=len(f.models))
         for models, milli in self.typed.items():
