@@ -552,6 +552,10 @@ class TailorPolicy(FgdPolicy):
       sees a restricted pod type only through its small share of the mix, so on a workload where
       a quarter of the GPU pods name a model, unrestricted pods fill the scarce models (P100, V100,
       T4) early and the restricted ones fail.
+    - Nodes that only some multi-GPU pods can use are kept for them the same way (``host_cost``): the
+      39 128-core nodes of the openb cluster are the only hosts of its 120-core 8-GPU pods. A learnt
+      mix scored a 60-core 4-GPU pod a point better there than on a 96-core node, and on a multi-GPU
+      heavy workload half of them were taken by other pods when the first 120-core pod failed.
     - Multi-GPU pods go to an all-NVLink set of GPUs whenever one is free anywhere, and single whole
       GPUs are taken so that NVLink pairs and islands stay whole.
     - The score keeps FGD's integer sigmoid points: exact comparison (and best-fit tie breaks) did
@@ -567,6 +571,7 @@ class TailorPolicy(FgdPolicy):
         super().__init__(fleet, seed, mix)
         self.gpu_seen = 0  # GPU milli of every GPU pod seen
         self.typed: Counter[frozenset[str]] = Counter()  # ... of those that allow only some models
+        self.multi: Counter[tuple[int, int, frozenset[str]]] = Counter()  # ... of multi-GPU pods by kind
 
     def observe(self, shape: Shape) -> None:
         self.mix.observe(shape)
@@ -574,6 +579,8 @@ class TailorPolicy(FgdPolicy):
             self.gpu_seen += shape.gpu_milli
             if shape.models:
                 self.typed[shape.models] += shape.gpu_milli
+            if shape.gpus > 1:
+                self.multi[(shape.gpus, shape.cpu, shape.models)] += shape.gpu_milli
 
     def model_pressure(self) -> Array:
         """Per GPU model: the GPU share that pods restricted to it are expected to need, over its free share.
@@ -597,14 +604,62 @@ class TailorPolicy(FgdPolicy):
                 rho[ids] += milli / self.gpu_seen * free.sum() / max(float(per_model[ids].sum()), 1.0)
         return rho
 
+    def host_groups(self) -> list[tuple[int, int, Array, float]]:
+        """The multi-GPU kinds seen, grouped by the nodes able to host them.
+
+        One entry per group: GPUs per pod ``k``, the least CPU among its kinds, whether each row's
+        capacity (GPU count, CPU, model) can host them, and the group's share of all GPU demand.
+        """
+        f = self.fleet
+        rows = f.rows()
+        groups: dict[tuple[int, bytes], list[Any]] = {}
+        for (k, cpu, models), milli in self.multi.items():
+            able = (f.ngpu[rows] >= k) & (f.cpu_cap[rows] >= cpu)
+            if models:
+                able &= f.model_allowed(Shape(cpu, 0, k, MILLI, models), rows)
+            group = groups.setdefault((k, able.tobytes()), [k, cpu, able, 0.0])
+            group[1] = min(group[1], cpu)
+            group[3] += milli / self.gpu_seen
+        return [(k, cpu, able, share) for k, cpu, able, share in groups.values()]
+
+    def host_cost(self, shape: Shape, c: Candidates) -> Array:
+        """Per candidate: the GPU milli of the hosts it takes from multi-GPU pods only some nodes can host.
+
+        A host is ``k`` idle GPUs on a node able to host the group, with the group's CPU free beside
+        them. Like ``model_pressure``: a group expected to need more than ``RESERVE_FROM`` of the
+        hosts left (its demand share times the free GPU milli, over the hosts' milli) has every host
+        a placement spoils charged to it, scaled up to the full ``k x 1000`` at 1.0.
+        """
+        f = self.fleet
+        cost = np.zeros(len(c.node))
+        if not self.multi:
+            return cost
+        rows = f.rows()
+        pos = np.full(f.n, -1, np.int64)
+        pos[rows] = np.arange(len(rows))
+        at = pos[c.node]
+        idle = (f.gpu[rows] == MILLI).sum(axis=1)
+        free = float(np.where(f.gpu[rows] >= 0, f.gpu[rows], 0).sum())
+        took = np.where(c.before == MILLI, c.count, 0)  # idle GPUs the placement takes
+        for k, cpu, able, share in self.host_groups():
+            hosts = np.where(able & (f.cpu[rows] >= cpu), idle // k, 0)
+            pressure = share * free / max(float(hosts.sum() * k * MILLI), 1.0)
+            reserve = min(1.0, max(0.0, (pressure - RESERVE_FROM) / (1 - RESERVE_FROM)))
+            if reserve > 0:
+                left = np.where(able[at] & (f.cpu[c.node] - shape.cpu >= cpu), (idle[at] - took) // k, 0)
+                cost += (hosts[at] - left) * k * MILLI * reserve
+        return cost
+
     def delta(self, shape: Shape, c: Candidates) -> Array:
-        """FGD's delta, less the GPU milli a placement takes from models that restricted pods will need."""
+        """FGD's delta, less the GPU milli a placement takes from pods that only some GPUs or nodes fit."""
         d = super().delta(shape, c)
         if shape.gpus and self.typed and len(c.node):
             reserve = np.clip((self.model_pressure() - RESERVE_FROM) / (1 - RESERVE_FROM), 0.0, 1.0)
             model = self.fleet.model[c.node]
             cost = np.where(model >= 0, reserve[np.maximum(model, 0)], 0.0)
             d = d - c.count * (c.before - c.after) * cost
+        if shape.gpus and len(c.node):
+            d = d - self.host_cost(shape, c)
         return d
 
     def _fragmentation(self, nodes: Array, cpu: Array, cnt: Array, small: Array, free: Array) -> Array:

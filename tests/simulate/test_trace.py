@@ -197,6 +197,61 @@ def test_model_pressure_spreads_a_multi_model_restriction_over_its_models_free_s
     assert tailor.model_pressure().tolist() == [0.5, 0.5]
 
 
+def _one_big_node() -> Fleet:
+    # "big" ranks first and is the only node whose CPU can feed a 120-core 8-GPU pod
+    f = Fleet()
+    f.upsert("big", 128000, 786432, [1000] * 8, "G3")
+    f.upsert("a", 96000, 393216, [1000] * 8, "G2")
+    f.upsert("b", 96000, 393216, [1000] * 8, "G2")
+    return f
+
+
+def test_tailor_keeps_the_only_hosts_of_a_multi_gpu_kind_once_it_needs_most_of_them() -> None:
+    one, big_pod = Shape(8000, 1024, 1, 1000), Shape(120000, 1024, 8, 1000)
+    tailor = TailorPolicy(_one_big_node(), mix=Mix(coverage=0.5))
+    for shape in [big_pod] + [one] * 8:
+        tailor.observe(shape)
+    # by hand: the 120-core pods brought half of 16000 milli; filling the 24000 free brings 12000
+    # more of theirs, on one host of 8000: pressure 1.5, so spoiling that host costs all 8000
+    (k, _, able, share), = [g for g in tailor.host_groups() if g[1] == 120000]
+    assert (k, able.tolist(), share) == (8, [True, False, False], 0.5)
+    c = candidates(tailor.fleet, one, tailor.fleet.rows())
+    plain = FgdPolicy.delta(tailor, one, c)
+    assert (plain == plain[0]).all()  # fragmentation alone sees no difference
+    assert list(tailor.delta(one, c) - plain) == [-8000.0, 0.0, 0.0]
+    choice = tailor.choose(one)
+    assert choice is not None and tailor.fleet.names[choice.node] == "a"
+    # an 8-GPU pod any node can host is also kept off it; the 120-core one still gets it
+    wide = Shape(64000, 1024, 8, 1000)
+    choice = tailor.choose(wide)
+    assert choice is not None and tailor.fleet.names[choice.node] == "a"
+    choice = tailor.choose(big_pod)
+    assert choice is not None and tailor.fleet.names[choice.node] == "big"
+
+
+def test_tailor_charges_a_host_spoilt_by_cpu_alone() -> None:
+    tailor = TailorPolicy(_one_big_node(), mix=Mix(coverage=0.5))
+    for shape in [Shape(120000, 1024, 8, 1000)] + [Shape(8000, 1024, 1, 1000)] * 8:
+        tailor.observe(shape)
+    # a sharing pod takes no idle GPU from "big" but 16 of its cores: 112 left, the host is gone
+    hungry = Shape(16000, 1024, 1, 500)
+    c = candidates(tailor.fleet, hungry, tailor.fleet.rows())
+    cost, on_big = tailor.host_cost(hungry, c), c.node == tailor.fleet.index["big"]
+    assert cost[on_big].tolist() == [8000.0] and (cost[~on_big] == 0).all()
+
+
+def test_tailor_lets_other_pods_use_the_hosts_while_the_kind_needs_few_of_them() -> None:
+    one = Shape(8000, 1024, 1, 1000)
+    tailor = TailorPolicy(_one_big_node(), mix=Mix(coverage=0.5))
+    for shape in [Shape(120000, 1024, 8, 1000)] + [one] * 40:
+        tailor.observe(shape)
+    # 8000 of 48000 milli: 4000 more expected on a host of 8000, 0.5, under RESERVE_FROM
+    c = candidates(tailor.fleet, one, tailor.fleet.rows())
+    assert (tailor.host_cost(one, c) == 0).all()
+    choice = tailor.choose(one)
+    assert choice is not None and tailor.fleet.names[choice.node] == "big"
+
+
 def test_tailor_puts_multi_gpu_pods_on_an_nvlinked_set_when_one_exists() -> None:
     from gpu_tailor.gpumodel.topology import nvlink_pairs
 
