@@ -612,15 +612,14 @@ class TailorPolicy(FgdPolicy):
         """
         f = self.fleet
         rows = f.rows()
-        groups: dict[tuple[int, bytes], list[Any]] = {}
+        groups: dict[tuple[int, bytes], tuple[int, Array, float]] = {}
         for (k, cpu, models), milli in self.multi.items():
             able = (f.ngpu[rows] >= k) & (f.cpu_cap[rows] >= cpu)
             if models:
                 able &= f.model_allowed(Shape(cpu, 0, k, MILLI, models), rows)
-            group = groups.setdefault((k, able.tobytes()), [k, cpu, able, 0.0])
-            group[1] = min(group[1], cpu)
-            group[3] += milli / self.gpu_seen
-        return [(k, cpu, able, share) for k, cpu, able, share in groups.values()]
+            least, _, share = groups.get((k, able.tobytes()), (cpu, able, 0.0))
+            groups[k, able.tobytes()] = (min(least, cpu), able, share + milli / self.gpu_seen)
+        return [(k, cpu, able, share) for (k, _), (cpu, able, share) in groups.items()]
 
     def host_cost(self, shape: Shape, c: Candidates) -> Array:
         """Per candidate: the GPU milli of the hosts it takes from multi-GPU pods only some nodes can host.
