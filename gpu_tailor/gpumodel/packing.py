@@ -535,6 +535,11 @@ class FgdPolicy(Policy):
         return np.floor(100 * sig)
 
 
+def _reserve(pressure: Array | float) -> Array:
+    """How much of what a placement takes from a reserved pool is charged: 0 up to RESERVE_FROM, 1 at 1.0."""
+    return np.clip((pressure - RESERVE_FROM) / (1 - RESERVE_FROM), 0.0, 1.0)
+
+
 class TailorPolicy(FgdPolicy):
     """gpu-tailor's policy: fragmentation gradient descent that also counts GPUs CPU cannot feed.
 
@@ -633,17 +638,18 @@ class TailorPolicy(FgdPolicy):
         cost = np.zeros(len(c.node))
         if not self.multi:
             return cost
+        self._refresh()  # the per-node free milli is FGD's cache
         rows = f.rows()
         pos = np.full(f.n, -1, np.int64)
         pos[rows] = np.arange(len(rows))
         at = pos[c.node]
         idle = (f.gpu[rows] == MILLI).sum(axis=1)
-        free = float(np.where(f.gpu[rows] >= 0, f.gpu[rows], 0).sum())
+        free = float(self._free[rows].sum())
         took = np.where(c.before == MILLI, c.count, 0)  # idle GPUs the placement takes
         for k, cpu, able, share in self.host_groups():
             hosts = np.where(able & (f.cpu[rows] >= cpu), idle // k, 0)
             pressure = share * free / max(float(hosts.sum() * k * MILLI), 1.0)
-            reserve = min(1.0, max(0.0, (pressure - RESERVE_FROM) / (1 - RESERVE_FROM)))
+            reserve = float(_reserve(pressure))
             if reserve > 0:
                 left = np.where(able[at] & (f.cpu[c.node] - shape.cpu >= cpu), (idle[at] - took) // k, 0)
                 cost += (hosts[at] - left) * k * MILLI * reserve
@@ -652,14 +658,14 @@ class TailorPolicy(FgdPolicy):
     def delta(self, shape: Shape, c: Candidates) -> Array:
         """FGD's delta, less the GPU milli a placement takes from pods that only some GPUs or nodes fit."""
         d = super().delta(shape, c)
-        if shape.gpus and self.typed and len(c.node):
-            reserve = np.clip((self.model_pressure() - RESERVE_FROM) / (1 - RESERVE_FROM), 0.0, 1.0)
+        if not (shape.gpus and len(c.node)):
+            return d
+        if self.typed:
+            reserve = _reserve(self.model_pressure())
             model = self.fleet.model[c.node]
             cost = np.where(model >= 0, reserve[np.maximum(model, 0)], 0.0)
             d = d - c.count * (c.before - c.after) * cost
-        if shape.gpus and len(c.node):
-            d = d - self.host_cost(shape, c)
-        return d
+        return d - self.host_cost(shape, c)
 
     def _fragmentation(self, nodes: Array, cpu: Array, cnt: Array, small: Array, free: Array) -> Array:
         model = self.fleet.model[nodes]
