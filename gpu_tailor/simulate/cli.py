@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         pods_csv = args.pods or str(bundled_trace(TRACE[1]))
         nodes, pods = load_nodes(Path(nodes_csv)), load_pods(Path(pods_csv))  # fail fast on bad input
         gpus = sum(n.gpus for n in nodes)
-        refs = [headroom((p.shape for p in arrivals(pods, s, gpus * MILLI, args.inflate)), gpus) for s in seeds]
+        refs = [headroom((p.shape for p in arrivals(pods, s, gpus * MILLI, args.inflate)), nodes) for s in seeds]
         jobs = [(nodes_csv, pods_csv, p, s, args.inflate, args.topology) for p in policies for s in seeds]
         results: list[RunResult] = []
         progress(0, len(jobs))

@@ -4,7 +4,9 @@ A policy's allocation at 100% arrived is what it loses to failed pods. Part of t
 can avoid: an 810-milli pod leaves 190 milli that only the rare pods of 190 milli or less can use.
 These references pack the same arrivals (up to the moment they reach the fleet's GPU capacity) with
 CPU, memory, GPU models and node boundaries ignored -- whole-GPU asks take any idle GPUs -- so they
-are optimistic for any real scheduler:
+are optimistic for any real scheduler. The one exception: an ask that no node of the fleet could hold
+even empty (more CPU, memory or GPUs than any node of an allowed model has) fails under every
+policy, so it fails here too.
 
 - ``online``: each ask as it arrives, sharing asks best-fit (the fitting GPU with least left over,
   an idle GPU only when none fits): what a scheduler that cannot read ahead reaches on GPUs alone.
@@ -15,10 +17,11 @@ are optimistic for any real scheduler:
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gpu_tailor.gpumodel.packing import MILLI, Shape
+from gpu_tailor.simulate.trace import TraceNode
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,17 +57,28 @@ class _Gpus:
         return True
 
 
-def headroom(asks: Iterable[Shape], gpus: int) -> Headroom:
-    """Both references for ``asks`` (in arrival order) on ``gpus`` GPUs, at 100% arrived."""
+def hostable(shape: Shape, nodes: Sequence[TraceNode]) -> bool:
+    """Whether some node of ``nodes`` could hold ``shape`` if it ran nothing else."""
+    return any(n.cpu >= shape.cpu and n.mem >= shape.mem and n.gpus >= shape.gpus
+               and (not shape.models or n.model in shape.models) for n in nodes)
+
+
+def headroom(asks: Iterable[Shape], nodes: Sequence[TraceNode]) -> Headroom:
+    """Both references for ``asks`` (in arrival order) on the GPUs of ``nodes``, at 100% arrived."""
+    gpus = sum(n.gpus for n in nodes)
     capacity = gpus * MILLI
     prefix: list[Shape] = []
     arrived = 0
+    known: dict[Shape, bool] = {}
     for shape in asks:
         if arrived + shape.gpu_milli > capacity:
             break
         arrived += shape.gpu_milli
         if shape.gpus:
-            prefix.append(shape)
+            if shape not in known:
+                known[shape] = hostable(shape, nodes)
+            if known[shape]:
+                prefix.append(shape)
 
     online, placed = _Gpus(gpus), 0
     for shape in prefix:
