@@ -10,6 +10,7 @@ import pytest
 
 from gpu_tailor.cli import main
 from gpu_tailor.gpumodel.packing import (
+    MODEL_RESERVE_FROM,
     BestFitPolicy,
     FgdPolicy,
     Fleet,
@@ -180,12 +181,25 @@ def test_tailor_lets_other_pods_use_a_model_while_restricted_pods_need_little_of
     tailor = TailorPolicy(_two_models(), mix=Mix(coverage=0.5))
     for shape in [whole] * 9 + [p100_only]:
         tailor.observe(shape)
-    # 1000 of 10000 milli: 600 more expected on P100's 2000 free, 0.3, under RESERVE_FROM
+    # 1000 of 10000 milli: 600 more expected on P100's 2000 free, 0.3, under MODEL_RESERVE_FROM
     assert tailor.model_pressure()[0] == pytest.approx(0.3)
     c = candidates(tailor.fleet, whole, tailor.fleet.rows())
     assert (tailor.delta(whole, c) == FgdPolicy.delta(tailor, whole, c)).all()
     choice = tailor.choose(whole)
     assert choice is not None and tailor.fleet.names[choice.node] == "p100"
+
+
+def test_the_model_charge_ramps_up_from_model_reserve_from_to_all_at_pressure_one() -> None:
+    whole, p100_only = Shape(8000, 1024, 1, 1000), Shape(8000, 1024, 1, 1000, frozenset({"P100"}))
+    tailor = TailorPolicy(_two_models(), mix=Mix(coverage=0.5))
+    for shape in [whole] * 7 + [p100_only] * 3:
+        tailor.observe(shape)
+    # 3000 of 10000 milli: 1800 more expected on P100's 2000 free, 0.9; from 0.4 to 1.0 the charge
+    # goes from nothing to all, so at 0.9 five sixths of the 1000 milli taken there
+    assert MODEL_RESERVE_FROM == 0.4 and tailor.model_pressure()[0] == pytest.approx(0.9)
+    c = candidates(tailor.fleet, whole, tailor.fleet.rows())
+    extra = tailor.delta(whole, c) - FgdPolicy.delta(tailor, whole, c)
+    assert extra.tolist() == pytest.approx([-1000 * 5 / 6, 0.0, 0.0])
 
 
 def test_model_pressure_spreads_a_multi_model_restriction_over_its_models_free_share() -> None:
@@ -245,7 +259,7 @@ def test_tailor_lets_other_pods_use_the_hosts_while_the_kind_needs_few_of_them()
     tailor = TailorPolicy(_one_big_node(), mix=Mix(coverage=0.5))
     for shape in [Shape(120000, 1024, 8, 1000)] + [one] * 40:
         tailor.observe(shape)
-    # 8000 of 48000 milli: 4000 more expected on a host of 8000, 0.5, under RESERVE_FROM
+    # 8000 of 48000 milli: 4000 more expected on a host of 8000, 0.5, under HOST_RESERVE_FROM
     c = candidates(tailor.fleet, one, tailor.fleet.rows())
     assert (tailor.host_cost(one, c) == 0).all()
     choice = tailor.choose(one)
