@@ -32,7 +32,7 @@ from gpu_tailor.simulate.headroom import headroom
 from gpu_tailor.simulate.trace import TracePod, arrivals, load_nodes, load_pods, replay
 
 FAMILIES = ("multigpu30", "multigpu40", "multigpu50", "gpuspec20", "gpuspec25", "gpuspec33",
-            "gpushare40", "gpushare60")
+            "gpushare40", "gpushare60", "gpushare80")
 
 
 def _demand(pod: TracePod) -> int:

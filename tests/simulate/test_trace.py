@@ -147,6 +147,41 @@ def test_tailor_counts_all_free_gpu_as_fragment_when_no_cpu_is_left_as_fgd_does(
     assert tailor.fragmentation() == 800
 
 
+def test_a_gpu_of_a_model_a_type_may_never_use_is_no_fragment_for_it() -> None:
+    fleet = Fleet()
+    fleet.upsert("g2", 96000, 393216, [1000] * 8, "G2")
+    fleet.upsert("g3", 128000, 786432, [1000] * 8, "G3")
+    g2_only = Shape(8000, 1024, 1, 1000, frozenset({"G2"}))
+    mix = Mix()
+    mix.observe(g2_only)
+    assert FgdPolicy(fleet, mix=mix).fragmentation() == 8000  # FGD: all of g3 is lost to the type
+    tailor = TailorPolicy(fleet)
+    tailor.observe(g2_only)
+    assert tailor.fragmentation() == 0
+
+
+def test_other_pods_leave_the_only_hosts_of_a_kind_alone_though_named_models_exclude_them() -> None:
+    # g3 (ranked first) is the only host of a 120-core 8-GPU kind; 12 of 53 pods name G2, so to FGD
+    # every GPU taken on g3 is 1000 x 12/53 milli of their fragmentation gone, more than the 120-core
+    # kind loses (7000 x 1/53); by hand, FGD scores g3 52 and a G2 node 50
+    fleet = Fleet()
+    fleet.upsert("g3", 128000, 786432, [1000] * 8, "G3")
+    for i in range(4):
+        fleet.upsert(f"g2-{i}", 96000, 393216, [1000] * 8, "G2")
+    whole = Shape(8000, 1024, 1, 1000)
+    seen = [whole] * 40 + [Shape(8000, 1024, 1, 1000, frozenset({"G2"}))] * 12 + [Shape(120000, 1024, 8, 1000)]
+    mix, tailor = Mix(coverage=1.0), TailorPolicy(fleet, mix=Mix(coverage=1.0))
+    for shape in seen:
+        mix.observe(shape)
+        tailor.observe(shape)
+    fgd = FgdPolicy(fleet, mix=mix).choose(whole)
+    assert fgd is not None and fleet.names[fgd.node] == "g3"
+    # neither reservation is on (model pressure 0.25, host pressure 0.67): fragmentation alone decides
+    assert tailor.model_pressure().max() < MODEL_RESERVE_FROM
+    ours = tailor.choose(whole)
+    assert ours is not None and fleet.names[ours.node] == "g2-0"
+
+
 def _two_models() -> Fleet:
     # "p100" ranks first, so on equal scores every pod goes there; "g2a" and "g2b" are the big pool.
     # The tests give tailor a mix of the most common kind only (coverage 0.5), so fragmentation
