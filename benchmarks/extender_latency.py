@@ -83,11 +83,11 @@ def main() -> None:
         t = time.perf_counter()
         verbs.preempt(state, {"Pod": filt["Pod"], "NodeNameToMetaVictims": victims})
         times["preempt"].append(time.perf_counter() - t)
-        fits = (f for n in cands if (f := fit(state.nodes[n], demand)).ok and (target := n))
-        chosen = next(fits, None)
+        chosen = next(((n, f) for n in cands if (f := fit(state.nodes[n], demand)).ok), None)
         if chosen is not None:
+            target, placed = chosen
             t = time.perf_counter()
-            state.assume(key, target, chosen.placement)
+            state.assume(key, target, placed.placement)
             state.forget(key)
             times["bind+forget"].append(time.perf_counter() - t)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
