@@ -38,6 +38,27 @@ MODEL_RESERVE_FROM = 0.4
 HOST_RESERVE_FROM = 0.8
 Array = np.ndarray[Any, Any]
 
+# how a node's GPUs are NVLinked, for answering "is an all-NVLink set of k idle GPUs free" on many
+# rows at once (``Fleet.nvlinked``); rows of any other shape are asked one by one
+NO_TOPOLOGY, NO_NVLINK, ALL_NVLINK, NVLINK_PAIRS, OTHER_NVLINK = range(5)
+
+
+def _link_class(topology: GpuTopology | None, gpus: int) -> int:
+    if topology is None:
+        return NO_TOPOLOGY
+    n = topology.size
+    pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
+    linked = {(a, b) for a, b in pairs if topology.nvlinked(a, b)}
+    if n != gpus:
+        return OTHER_NVLINK
+    if not linked:
+        return NO_NVLINK
+    if len(linked) == len(pairs):
+        return ALL_NVLINK
+    if n % 2 == 0 and linked == {(a, b) for a, b in pairs if a // 2 == b // 2}:
+        return NVLINK_PAIRS
+    return OTHER_NVLINK
+
 
 @dataclass(frozen=True, slots=True)
 class Shape:
@@ -92,6 +113,7 @@ class Fleet:
         self.alive = np.zeros(cap, bool)
         self.rank = np.zeros(cap, np.int64)  # score ties go to the lowest rank
         self.gen = np.zeros(cap, np.int64)  # bumped on every change: caches refresh those rows
+        self.link = np.zeros(cap, np.int64)  # NO_TOPOLOGY, ALL_NVLINK, ...
         self.max_cpu = 1
         self.max_gpus = 1
 
@@ -109,7 +131,7 @@ class Fleet:
         if cap == len(self.cpu) and width <= self.width:
             return
         width = max(width, self.width)
-        for attr in ("cpu", "mem", "cpu_cap", "ngpu", "rank", "gen"):
+        for attr in ("cpu", "mem", "cpu_cap", "ngpu", "rank", "gen", "link"):
             old = getattr(self, attr)
             new = np.zeros(cap, old.dtype)
             new[: len(old)] = old
@@ -145,6 +167,7 @@ class Fleet:
         self.gpu[i, : len(gpu_free)] = gpu_free
         self.ngpu[i] = len(gpu_free)
         self.model[i] = self.model_id(model) if model else -1
+        self.link[i] = _link_class(topology, len(gpu_free))
         self.alive[i] = True
         self.gen[i] += 1
         self.max_cpu = max(self.max_cpu, int(self.cpu_cap[i]))
@@ -192,12 +215,26 @@ class Fleet:
             gpu = self.gpu[rows]
             ok &= (gpu >= shape.milli).sum(axis=1) >= shape.gpus
         if shape.nvlink and shape.gpus > 1:
-            for j in np.flatnonzero(ok):
-                ok[j] = self.nvlink_set(int(rows[j]), shape.gpus) is not None
+            ok &= self.nvlinked(rows, shape.gpus)
         return ok
 
     def free_gpus(self, node: int) -> list[int]:
         return [g for g in range(int(self.ngpu[node])) if self.gpu[node, g] == MILLI]
+
+    def nvlinked(self, rows: Array, k: int) -> Array:
+        """Per row: whether ``nvlink_set(row, k)`` finds a set, for all rows at once."""
+        link = self.link[rows]
+        idle = self.gpu[rows] == MILLI
+        count = idle.sum(axis=1)
+        if k <= 1:
+            one: Array = (link != NO_TOPOLOGY) & (count >= k)
+            return one
+        even = self.width - self.width % 2
+        both = idle[:, 0:even:2] & idle[:, 1:even:2]  # both GPUs of a pair idle
+        out: Array = ((link == ALL_NVLINK) & (count >= k)) | ((link == NVLINK_PAIRS) & (k == 2) & both.any(axis=1))
+        for j in np.flatnonzero(link == OTHER_NVLINK):
+            out[j] = self.nvlink_set(int(rows[j]), k) is not None
+        return out
 
     def nvlink_set(self, node: int, k: int) -> tuple[int, ...] | None:
         topo = self.topologies[node]
@@ -700,9 +737,8 @@ class TailorPolicy(FgdPolicy):
     def score(self, shape: Shape, c: Candidates) -> Array:
         f = self.fleet
         s = super().score(shape, c)
-        if shape.gpus > 1 and any(t is not None for t in f.topologies):
-            linked = np.array([f.nvlink_set(int(n), shape.gpus) is not None for n in c.node], bool)
-            s = s + np.where(linked, 1000.0, 0.0)
+        if shape.gpus > 1 and f.link[: f.n].any():
+            s = s + np.where(f.nvlinked(c.node, shape.gpus), 1000.0, 0.0)
         return s
 
     def whole_gpus(self, node: int, shape: Shape) -> tuple[int, ...]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.inventory import from_node
-from gpu_tailor.gpumodel.topology import Link, infer, nvlink_pairs, nvswitch, pcie
+from gpu_tailor.gpumodel.packing import MILLI, OTHER_NVLINK, Fleet
+from gpu_tailor.gpumodel.topology import GpuTopology, Link, infer, nvlink_pairs, nvswitch, pcie
 from tests.conftest import node_fixture
 
 
@@ -67,3 +69,22 @@ def test_inferred_platforms() -> None:
 ])
 def test_hgx_inference_needs_eight_sxm_gpus(model: str, product: str, count: int, kind: str) -> None:
     assert infer(model, product, count, {}).kind == kind
+
+
+def test_fleet_answers_for_all_rows_what_the_device_plugin_pick_would() -> None:
+    """``Fleet.nvlinked`` (vectorised by link shape) agrees with ``nvlink_set`` row by row."""
+    ring = GpuTopology("ring", tuple(tuple(0 if a == b else 400 if (a - b) % 4 in (1, 3) else 20
+                                           for b in range(4)) for a in range(4)))
+    kinds = [nvswitch(8), nvlink_pairs(8), pcie(8), nvlink_pairs(4), nvswitch(2), ring, None]
+    rng = np.random.default_rng(0)
+    fleet = Fleet()
+    for i in range(400):
+        topo = kinds[i % len(kinds)]
+        n = topo.size if topo is not None else 8
+        fleet.upsert(f"n{i}", 1000, 1000, [int(x) for x in rng.choice([0, 500, MILLI, MILLI], n)], topology=topo)
+    rows = fleet.rows()
+    assert (fleet.link[rows] == OTHER_NVLINK).sum() == sum(kinds[i % len(kinds)] is ring for i in range(400))
+    for k in range(0, 6):
+        expected = [fleet.nvlink_set(int(r), k) is not None for r in rows]
+        assert fleet.nvlinked(rows, k).tolist() == expected, k
+    assert fleet.nvlinked(rows, 2).any() and not fleet.nvlinked(rows, 2).all()
