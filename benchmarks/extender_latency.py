@@ -5,6 +5,11 @@ across them (whole GPUs, MIG slices, replicas, CPU-only), then times filter, pri
 on the real ExtenderArgs payload (nodeCacheCapable: names only) with 500 random candidates, and bind
 followed by the assumption's removal. Prints p50/p99 per verb in milliseconds from this one run.
 
+Each round asks filter, then prioritize, about the same pod and candidates, in kube-scheduler's order:
+prioritize reuses filter's verdicts on nodes that have not changed, and it is sent all 500 candidates
+(kube-scheduler sends only those that passed). The policy has learnt its pod mix from the bound GPU
+pods, as a running extender has.
+
     python benchmarks/extender_latency.py [--nodes 5000] [--pods 100000] [--candidates 500] [--rounds 200]
 """
 

@@ -5,6 +5,12 @@ that is updated incrementally on every change, so a request never recomputes or 
 Bind adds an *assumption* (the pod on its node and GPUs) that the next filter sees at once; it is
 dropped when the binding fails, the pod is deleted, or the watch shows the pod bound elsewhere. It
 lives in memory only: after a restart everything comes back from the API (annotations included).
+
+The placement policy learns the mix of pod shapes from the pods it sees: the pods it is asked to
+score, and the GPU pods the API shows bound to nodes, each pod once (by uid). So a restarted
+extender scores with the cluster's mix from its first request instead of starting from nothing.
+CPU-only pods bound elsewhere are not counted: most belong to other schedulers (DaemonSets on every
+node would swamp the mix).
 """
 
 from __future__ import annotations
@@ -12,10 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_tailor.gpumodel.inventory import from_node
+from gpu_tailor.gpumodel.inventory import HealthState, from_node
 from gpu_tailor.gpumodel.occupancy import Placement
-from gpu_tailor.gpumodel.packing import Fleet, TailorPolicy
-from gpu_tailor.gpumodel.schedule import Demand, NodeState, demand_of, node_state, pod_key, recorded_placement
+from gpu_tailor.gpumodel.packing import Fleet, Shape, TailorPolicy
+from gpu_tailor.gpumodel.schedule import (
+    Demand,
+    NodeState,
+    demand_of,
+    fit,
+    node_state,
+    pod_key,
+    recorded_placement,
+    shape_of,
+)
 
 
 @dataclass
@@ -40,6 +55,11 @@ class ClusterState:
         self.by_uid: dict[str, str] = {}
         self.fleet = Fleet()
         self.policy = TailorPolicy(self.fleet)
+        self.seen: set[str] = set()  # uids of the pods whose shape the policy has learnt
+        self.degraded: set[str] = set()  # nodes selling fewer GPUs than they have
+        # the last filter's verdicts (pod uid, its demand, node -> (fleet generation, fits)): kube-scheduler
+        # asks prioritize about the same pod right after, mostly on nodes that have not changed since
+        self.verdicts: tuple[str, Demand | None, dict[str, tuple[int, bool]]] = ("", None, {})
         self.nodes_synced = False
         self.pods_synced = False
 
@@ -47,11 +67,30 @@ class ClusterState:
     def ready(self) -> bool:
         return self.nodes_synced and self.pods_synced
 
+    def observe(self, uid: str, shape: Shape) -> None:
+        """Teach the policy one pod's shape, once per pod."""
+        if uid not in self.seen:
+            self.seen.add(uid)
+            self.policy.observe(shape)
+
+    def remember_fits(self, uid: str, demand: Demand, fits: dict[str, bool]) -> None:
+        gen, index = self.fleet.gen, self.fleet.index
+        self.verdicts = (uid, demand, {n: (int(gen[index[n]]), ok) for n, ok in fits.items() if n in index})
+
+    def fits(self, uid: str, demand: Demand, name: str) -> bool:
+        """``fit(node, demand).ok``, from the last filter's verdict while the node is unchanged."""
+        last_uid, last_demand, verdicts = self.verdicts
+        if uid == last_uid and demand == last_demand and name in verdicts and name in self.fleet.index:
+            gen, ok = verdicts[name]
+            if gen == self.fleet.gen[self.fleet.index[name]]:
+                return ok
+        return fit(self.nodes[name], demand).ok
+
     # ----- the writer's side -----
     def reset_nodes(self, items: list[dict[str, Any]]) -> None:
         for name in list(self.nodes):
             self.fleet.remove(name)
-        self.nodes = {}
+        self.nodes, self.degraded = {}, set()
         for obj in items:
             inv = from_node(obj)
             self.nodes[inv.name] = node_state(inv)
@@ -67,6 +106,7 @@ class ClusterState:
         name = str((obj.get("metadata") or {}).get("name", ""))
         if event == "DELETED":
             self.nodes.pop(name, None)
+            self.degraded.discard(name)
             self.fleet.remove(name)
             return
         self.nodes[name] = node_state(from_node(obj))
@@ -92,6 +132,7 @@ class ClusterState:
                 self._place(rec)
         for name in touched:
             self._sync(name)
+        self.seen &= set(self.by_uid)  # pods deleted while the watch was down
         self.pods_synced = True
 
     def apply_pod(self, event: str, obj: dict[str, Any]) -> None:
@@ -99,6 +140,7 @@ class ClusterState:
             rec = self.pods.pop(pod_key(obj), None)
             if rec is not None:
                 self.by_uid.pop(rec.uid, None)
+                self.seen.discard(rec.uid)
                 self._unplace(rec)
             return
         self._upsert_pod(obj, sync=True)
@@ -137,6 +179,8 @@ class ClusterState:
         if ns is None or not rec.node:
             return
         d = rec.demand
+        if d.gpu and rec.uid:
+            self.observe(rec.uid, shape_of(d, ns.inventory.offering(d.resource)))
         rec.placement = placement or recorded_placement(rec.pod, ns, d)
         if rec.placement is not None:
             ns.gpus.place(rec.key, rec.placement)
@@ -164,6 +208,10 @@ class ClusterState:
         if ns is None:
             return
         inv = ns.inventory
+        if inv.health.state is HealthState.DEGRADED:
+            self.degraded.add(name)
+        else:
+            self.degraded.discard(name)
         usable = ns.gpus.usable
         free = [s.free_milli if i < usable else 0 for i, s in enumerate(ns.gpus.slots)]
         alloc_cpu = inv.cpu_milli

@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 
 from gpu_tailor.extender.state import ClusterState
-from gpu_tailor.gpumodel.inventory import HealthState
-from gpu_tailor.gpumodel.schedule import Demand, Fit, NodeState, demand_of, fit, shape_of
+from gpu_tailor.gpumodel.schedule import Demand, Fit, NodeState, demand_of, fit, pod_key, shape_of
 
 MAX_SCORE = 10
 
@@ -32,6 +31,10 @@ def _pod(body: Any) -> dict[str, Any]:
     if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
         raise WireError("'Pod' must be a Pod object with metadata")
     return pod
+
+
+def _uid(pod: dict[str, Any]) -> str:
+    return str(pod["metadata"].get("uid") or pod_key(pod))
 
 
 def _node_names(body: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, Any]] | None]:
@@ -65,17 +68,21 @@ def filter_nodes(state: ClusterState, body: Any) -> dict[str, Any]:
     passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
+    fits: dict[str, bool] = {}
     for name in names:
         if not demand.gpu and not demand.error:
             passed.append(name)
             continue
         f = _fit(state, name, demand)
+        fits[name] = f.ok
         if f.ok:
             passed.append(name)
         elif f.unresolvable:
             unresolvable[name] = f.reason
         else:
             failed[name] = f.reason
+    if demand.gpu:
+        state.remember_fits(_uid(pod), demand, fits)
     out: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
     if objs is None:
         out["NodeNames"], out["Nodes"] = passed, None
@@ -98,13 +105,14 @@ def prioritize(state: ClusterState, body: Any) -> list[dict[str, Any]]:
             break
     shape = shape_of(demand, offering)
     policy = state.policy
-    policy.observe(shape)
+    uid = _uid(pod)
+    state.observe(uid, shape)
     rows = np.array([state.fleet.index[n] for n in known], np.int64)
     scores, _ = policy.node_scores(shape, rows) if len(rows) else (np.zeros(0), None)
-    by_name = {n: float(s) for n, s in zip(known, scores, strict=False) if not np.isnan(s)}
+    by_name = {n: s for n, s in zip(known, scores.tolist(), strict=True) if s == s}  # NaN: does not fit
     if demand.gpu:  # the fleet model is coarse for MIG/replicas: a node must also pass fit()
-        by_name = {n: s for n, s in by_name.items() if fit(state.nodes[n], demand).ok}
-    degraded = {n for n in known if state.nodes[n].inventory.health.state is HealthState.DEGRADED}
+        by_name = {n: s for n, s in by_name.items() if state.fits(uid, demand, n)}
+    degraded = state.degraded
     healthy = [s for n, s in by_name.items() if n not in degraded]
     lo, hi = (min(healthy), max(healthy)) if healthy else (0.0, 0.0)
     out = []

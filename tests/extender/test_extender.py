@@ -12,10 +12,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from gpu_tailor.extender import state as state_module
 from gpu_tailor.extender import verbs
 from gpu_tailor.extender.server import ApiBinder, make_app
 from gpu_tailor.extender.state import ClusterState
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.packing import MILLI
+from gpu_tailor.gpumodel.schedule import Demand, Fit, NodeState, fit
 from tests.conftest import FIXTURES, load_fixture, node_fixture
 from tests.kube.fakeapi import FakeApi
 
@@ -135,6 +138,49 @@ def test_prioritize_answers_every_host_of_the_real_request() -> None:
     out = verbs.prioritize(cluster(), body)
     assert [h["Host"] for h in out] == body["NodeNames"]
     assert {h["Host"]: h["Score"] for h in out}["h100-hgx-0"] == 10
+
+
+def test_prioritize_reuses_the_filter_verdict_only_while_the_node_is_unchanged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    held = gpu_pod("held", 6, node="h100-hgx-0", annotations={labels.ANN_GPUS: "0,1,2,3,4,5"})
+    state = cluster([held])
+    nodes = ["h100-hgx-0", "h100-degraded-0"]
+    out = verbs.filter_nodes(state, args("filter-nodecache-true-pod-gpu4", nodes))
+    assert out["NodeNames"] == ["h100-degraded-0"] and "h100-hgx-0" in out["FailedNodes"]
+    calls: list[str] = []
+
+    def counted(ns: NodeState, demand: Demand) -> Fit:
+        calls.append(ns.name)
+        return fit(ns, demand)
+
+    monkeypatch.setattr(state_module, "fit", counted)
+    verbs.prioritize(state, args("prioritize-nodecache-true-pod-gpu4", nodes))
+    assert calls == []  # kube-scheduler asks right after filter: nothing changed, nothing recomputed
+    state.apply_pod("DELETED", held)  # now the 4-GPU pod fits there: the old "no" must not stand
+    scores = {h["Host"]: h["Score"] for h in verbs.prioritize(state, args("prioritize-nodecache-true-pod-gpu4", nodes))}
+    assert calls == ["h100-hgx-0"] and scores["h100-hgx-0"] == 10
+
+
+def test_the_mix_is_learnt_from_the_pods_the_api_shows_each_once() -> None:
+    """A restarted extender knows the cluster's mix from the list, not from memory."""
+    bound = [gpu_pod("two", 2, node="h100-hgx-0"), gpu_pod("one", 1, node="h100-hgx-0")]
+    cpu_only = copy.deepcopy(bound[1])
+    cpu_only["metadata"].update(name="cpu", uid="uid-cpu")
+    cpu_only["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "2"}}
+    state = cluster([*bound, cpu_only])
+    mix = state.policy.mix
+    assert mix.total == 2 and mix.counts[(0, MILLI, 2, frozenset())] == 1  # CPU-only pods of others: not counted
+    state.reset_pods([*bound, cpu_only, pod_of("filter-nodecache-true-pod-gpu4")])  # a relist
+    state.apply_node("MODIFIED", node_fixture("h100-hgx-0"))  # its pods are placed again
+    assert mix.total == 2
+    body = args("prioritize-nodecache-true-pod-gpu4", ["h100-hgx-0"])
+    verbs.prioritize(state, body)
+    verbs.prioritize(state, body)  # asked again about the same pod: still one pod
+    pending = state.pods["gpu-jobs/train-gpu4"]
+    state.assume(pending.key, "h100-hgx-0", None)
+    assert mix.total == 3 and mix.counts[(pending.demand.cpu_milli, MILLI, 4, frozenset())] == 1
+    state.apply_pod("DELETED", bound[0])
+    assert "uid-two" not in state.seen and mix.total == 3  # the mix keeps its history
 
 
 def test_preempt_keeps_nodes_where_eviction_frees_the_gpus_and_drops_the_rest() -> None:
