@@ -84,7 +84,7 @@ class ClusterState:
             gen, ok = verdicts[name]
             if gen == self.fleet.gen[self.fleet.index[name]]:
                 return ok
-        return fit(self.nodes[name], demand).ok
+        return fit(self.nodes[name], demand, place=False).ok
 
     # ----- the writer's side -----
     def reset_nodes(self, items: list[dict[str, Any]]) -> None:

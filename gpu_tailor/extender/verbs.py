@@ -55,7 +55,7 @@ def _fit(state: ClusterState, name: str, demand: Demand) -> Fit:
     ns = state.nodes.get(name)
     if ns is None:
         return Fit(False, "node not known to gpu-tailor yet (watch catching up)")
-    return fit(ns, demand)
+    return fit(ns, demand, place=False)
 
 
 def filter_nodes(state: ClusterState, body: Any) -> dict[str, Any]:
@@ -149,7 +149,7 @@ def _fits_without(state: ClusterState, ns: NodeState, demand: Demand, evicted: l
             continue
         if trial.gpus.release(rec.key) is not None and rec.demand.resource:
             trial.units_used[rec.demand.resource] = trial.units_used.get(rec.demand.resource, 0) - rec.demand.units
-    return fit(trial, demand).ok
+    return fit(trial, demand, place=False).ok
 
 
 def preempt(state: ClusterState, body: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from gpu_tailor.extender.server import ApiBinder, make_app
 from gpu_tailor.extender.state import ClusterState
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.packing import MILLI
-from gpu_tailor.gpumodel.schedule import Demand, Fit, NodeState, fit
+from gpu_tailor.gpumodel.schedule import Demand, Fit, NodeState, demand_of, fit
 from tests.conftest import FIXTURES, load_fixture, node_fixture
 from tests.kube.fakeapi import FakeApi
 
@@ -149,9 +149,9 @@ def test_prioritize_reuses_the_filter_verdict_only_while_the_node_is_unchanged(
     assert out["NodeNames"] == ["h100-degraded-0"] and "h100-hgx-0" in out["FailedNodes"]
     calls: list[str] = []
 
-    def counted(ns: NodeState, demand: Demand) -> Fit:
+    def counted(ns: NodeState, demand: Demand, place: bool = True) -> Fit:
         calls.append(ns.name)
-        return fit(ns, demand)
+        return fit(ns, demand, place)
 
     monkeypatch.setattr(state_module, "fit", counted)
     verbs.prioritize(state, args("prioritize-nodecache-true-pod-gpu4", nodes))
@@ -159,6 +159,17 @@ def test_prioritize_reuses_the_filter_verdict_only_while_the_node_is_unchanged(
     state.apply_pod("DELETED", held)  # now the 4-GPU pod fits there: the old "no" must not stand
     scores = {h["Host"]: h["Score"] for h in verbs.prioritize(state, args("prioritize-nodecache-true-pod-gpu4", nodes))}
     assert calls == ["h100-hgx-0"] and scores["h100-hgx-0"] == 10
+
+
+def test_fit_without_placing_gives_the_same_verdicts_and_reasons() -> None:
+    state = cluster([gpu_pod("held", 6, node="h100-hgx-0", annotations={labels.ANN_GPUS: "0,1,2,3,4,5"})])
+    for name in ("filter-nodecache-true-pod-gpu4", "filter-nodecache-true-pod-mig-1g.5gb",
+                 "filter-nodecache-true-pod-high-gpu8-after-preemption"):
+        demand = demand_of(pod_of(name))
+        for node in NODE_NAMES:
+            full, quick = fit(state.nodes[node], demand), fit(state.nodes[node], demand, place=False)
+            assert (quick.ok, quick.reason, quick.unresolvable) == (full.ok, full.reason, full.unresolvable)
+            assert quick.placement is None or quick.placement == full.placement
 
 
 def test_the_mix_is_learnt_from_the_pods_the_api_shows_each_once() -> None:
