@@ -47,10 +47,10 @@ def _link_class(topology: GpuTopology | None, gpus: int) -> int:
     if topology is None:
         return NO_TOPOLOGY
     n = topology.size
-    pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
-    linked = {(a, b) for a, b in pairs if topology.nvlinked(a, b)}
     if n != gpus:
         return OTHER_NVLINK
+    pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
+    linked = {(a, b) for a, b in pairs if topology.nvlinked(a, b)}
     if not linked:
         return NO_NVLINK
     if len(linked) == len(pairs):
@@ -737,7 +737,7 @@ class TailorPolicy(FgdPolicy):
     def score(self, shape: Shape, c: Candidates) -> Array:
         f = self.fleet
         s = super().score(shape, c)
-        if shape.gpus > 1 and f.link[: f.n].any():
+        if shape.gpus > 1 and (f.link[: f.n] != NO_TOPOLOGY).any():
             s = s + np.where(f.nvlinked(c.node, shape.gpus), 1000.0, 0.0)
         return s
 
