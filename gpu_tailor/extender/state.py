@@ -11,11 +11,18 @@ score, and the GPU pods the API shows bound to nodes, each pod once (by uid). So
 extender scores with the cluster's mix from its first request instead of starting from nothing.
 CPU-only pods bound elsewhere are not counted: most belong to other schedulers (DaemonSets on every
 node would swamp the mix).
+
+Fit verdicts are kept per ask (a pod's demand without its name) and node, stamped with the node's
+fleet row and generation: every change to a node (its object, a pod placed or removed) bumps the
+generation, so a kept verdict is reused only while the node is exactly as it was. kube-scheduler asks
+prioritize right after filter about the same pod, and the replicas of a Job or Deployment arrive one
+after another with the same ask; between two of them only the nodes that changed are checked again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpu_tailor.gpumodel.inventory import HealthState, from_node
@@ -23,6 +30,7 @@ from gpu_tailor.gpumodel.occupancy import Placement
 from gpu_tailor.gpumodel.packing import Fleet, Shape, TailorPolicy
 from gpu_tailor.gpumodel.schedule import (
     Demand,
+    Fit,
     NodeState,
     demand_of,
     fit,
@@ -31,6 +39,8 @@ from gpu_tailor.gpumodel.schedule import (
     recorded_placement,
     shape_of,
 )
+
+KEPT_ASKS = 64  # distinct asks whose per-node verdicts are kept (least recently asked dropped first)
 
 
 @dataclass
@@ -57,9 +67,8 @@ class ClusterState:
         self.policy = TailorPolicy(self.fleet)
         self.seen: set[str] = set()  # uids of the pods whose shape the policy has learnt
         self.degraded: set[str] = set()  # nodes selling fewer GPUs than they have
-        # the last filter's verdicts (pod uid, its demand, node -> (fleet generation, fits)): kube-scheduler
-        # asks prioritize about the same pod right after, mostly on nodes that have not changed since
-        self.verdicts: tuple[str, Demand | None, dict[str, tuple[int, bool]]] = ("", None, {})
+        # ask -> node -> (fleet row, its generation, verdict): see the module notes
+        self.verdicts: OrderedDict[Demand, dict[str, tuple[int, int, Fit]]] = OrderedDict()
         self.nodes_synced = False
         self.pods_synced = False
 
@@ -73,18 +82,35 @@ class ClusterState:
             self.seen.add(uid)
             self.policy.observe(shape)
 
-    def remember_fits(self, uid: str, demand: Demand, fits: dict[str, bool]) -> None:
-        gen, index = self.fleet.gen, self.fleet.index
-        self.verdicts = (uid, demand, {n: (int(gen[index[n]]), ok) for n, ok in fits.items() if n in index})
-
-    def fits(self, uid: str, demand: Demand, name: str) -> bool:
-        """``fit(node, demand).ok``, from the last filter's verdict while the node is unchanged."""
-        last_uid, last_demand, verdicts = self.verdicts
-        if uid == last_uid and demand == last_demand and name in verdicts and name in self.fleet.index:
-            gen, ok = verdicts[name]
-            if gen == self.fleet.gen[self.fleet.index[name]]:
-                return ok
-        return fit(self.nodes[name], demand, place=False).ok
+    def fits(self, names: list[str], demand: Demand) -> list[Fit]:
+        """``fit(node, demand, place=False)`` per node name, kept while a node is unchanged (see the notes)."""
+        ask = replace(demand, key="")
+        kept = self.verdicts.get(ask)
+        if kept is None:
+            kept = self.verdicts[ask] = {}
+            if len(self.verdicts) > KEPT_ASKS:
+                self.verdicts.popitem(last=False)
+        else:
+            self.verdicts.move_to_end(ask)
+        index, gens = self.fleet.index, self.fleet.gen.tolist()
+        out = []
+        for name in names:
+            ns = self.nodes.get(name)
+            if ns is None:
+                out.append(Fit(False, "node not known to gpu-tailor yet (watch catching up)"))
+                continue
+            row = index.get(name)
+            if row is None:  # unschedulable, so not in the fleet: no generation to trust
+                out.append(fit(ns, demand, place=False))
+                continue
+            hit = kept.get(name)
+            if hit is not None and hit[0] == row and hit[1] == gens[row]:
+                out.append(hit[2])
+                continue
+            verdict = fit(ns, demand, place=False)
+            kept[name] = (row, gens[row], verdict)
+            out.append(verdict)
+        return out
 
     # ----- the writer's side -----
     def reset_nodes(self, items: list[dict[str, Any]]) -> None:

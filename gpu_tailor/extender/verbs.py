@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from gpu_tailor.extender.state import ClusterState
-from gpu_tailor.gpumodel.schedule import Demand, Fit, NodeState, demand_of, fit, pod_key, shape_of
+from gpu_tailor.gpumodel.schedule import Demand, NodeState, demand_of, fit, pod_key, shape_of
 
 MAX_SCORE = 10
 
@@ -51,13 +51,6 @@ def _node_names(body: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, An
     raise WireError("expected 'NodeNames' (nodeCacheCapable) or 'Nodes' with 'items'")
 
 
-def _fit(state: ClusterState, name: str, demand: Demand) -> Fit:
-    ns = state.nodes.get(name)
-    if ns is None:
-        return Fit(False, "node not known to gpu-tailor yet (watch catching up)")
-    return fit(ns, demand, place=False)
-
-
 def filter_nodes(state: ClusterState, body: Any) -> dict[str, Any]:
     pod = _pod(body)
     names, objs = _node_names(body)
@@ -68,21 +61,16 @@ def filter_nodes(state: ClusterState, body: Any) -> dict[str, Any]:
     passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
-    fits: dict[str, bool] = {}
-    for name in names:
-        if not demand.gpu and not demand.error:
-            passed.append(name)
-            continue
-        f = _fit(state, name, demand)
-        fits[name] = f.ok
-        if f.ok:
-            passed.append(name)
-        elif f.unresolvable:
-            unresolvable[name] = f.reason
-        else:
-            failed[name] = f.reason
-    if demand.gpu:
-        state.remember_fits(_uid(pod), demand, fits)
+    if not demand.gpu and not demand.error:
+        passed = list(names)  # nothing of ours to check: kube-scheduler checks CPU and memory
+    else:
+        for name, f in zip(names, state.fits(names, demand), strict=True):
+            if f.ok:
+                passed.append(name)
+            elif f.unresolvable:
+                unresolvable[name] = f.reason
+            else:
+                failed[name] = f.reason
     out: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
     if objs is None:
         out["NodeNames"], out["Nodes"] = passed, None
@@ -111,7 +99,8 @@ def prioritize(state: ClusterState, body: Any) -> list[dict[str, Any]]:
     scores, _ = policy.node_scores(shape, rows) if len(rows) else (np.zeros(0), None)
     by_name = {n: s for n, s in zip(known, scores.tolist(), strict=True) if s == s}  # NaN: does not fit
     if demand.gpu:  # the fleet model is coarse for MIG/replicas: a node must also pass fit()
-        by_name = {n: s for n, s in by_name.items() if state.fits(uid, demand, n)}
+        ok = state.fits(list(by_name), demand)
+        by_name = {n: s for (n, s), f in zip(by_name.items(), ok, strict=True) if f.ok}
     degraded = state.degraded
     healthy = [s for n, s in by_name.items() if n not in degraded]
     lo, hi = (min(healthy), max(healthy)) if healthy else (0.0, 0.0)

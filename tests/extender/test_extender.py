@@ -161,6 +161,59 @@ def test_prioritize_reuses_the_filter_verdict_only_while_the_node_is_unchanged(
     assert calls == ["h100-hgx-0"] and scores["h100-hgx-0"] == 10
 
 
+def test_verdicts_are_kept_per_ask_across_pods_and_rechecked_only_where_a_node_changed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replicas of one Job share an ask: the second is checked only on the node the first was bound to."""
+    state = cluster()
+    first = pod_of("filter-nodecache-true-pod-gpu4")
+    second = copy.deepcopy(first)
+    second["metadata"].update(name="train-gpu4-b", uid="uid-b")
+    calls: list[str] = []
+
+    def counted(ns: NodeState, demand: Demand, place: bool = True) -> Fit:
+        calls.append(ns.name)
+        return fit(ns, demand, place)
+
+    monkeypatch.setattr(state_module, "fit", counted)
+
+    def ask(pod: dict[str, Any]) -> dict[str, Any]:
+        calls.clear()
+        return verbs.filter_nodes(state, {"Pod": pod, "NodeNames": NODE_NAMES})
+
+    assert ask(first)["NodeNames"] and sorted(calls) == NODE_NAMES
+    assert ask(second)["NodeNames"] and calls == []  # same ask, nothing changed
+    state.assume("gpu-jobs/train-gpu4", "h100-hgx-0", fit(state.nodes["h100-hgx-0"], demand_of(first)).placement)
+    assert "h100-hgx-0" in ask(second)["NodeNames"] and calls == ["h100-hgx-0"]  # 4 of 8 GPUs still free
+    state.apply_pod("ADDED", second)
+    state.assume("gpu-jobs/train-gpu4-b", "h100-hgx-0",
+                 fit(state.nodes["h100-hgx-0"], demand_of(second)).placement)
+    third = copy.deepcopy(second)
+    third["metadata"].update(name="train-gpu4-c", uid="uid-c")
+    out = ask(third)
+    assert calls == ["h100-hgx-0"] and "h100-hgx-0" in out["FailedNodes"]  # now full: the old "yes" is gone
+    mig = pod_of("filter-nodecache-true-pod-mig-1g.5gb")
+    ask(mig)
+    assert sorted(calls) == NODE_NAMES  # another ask is checked afresh
+    state.reset_nodes([node_fixture(n) for n in NODE_NAMES])  # a relist replaces every node
+    ask(third)
+    assert sorted(calls) == NODE_NAMES
+    for pod in (third, mig):  # what is kept is what fit() says now, reasons included
+        demand = demand_of(pod)
+        kept = state.fits(NODE_NAMES, demand)
+        fresh = [fit(state.nodes[n], demand, place=False) for n in NODE_NAMES]
+        assert [(f.ok, f.reason) for f in kept] == [(f.ok, f.reason) for f in fresh]
+
+
+def test_only_the_most_recent_asks_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state_module, "KEPT_ASKS", 2)
+    state = cluster()
+    asks = [demand_of(gpu_pod(f"p{k}", k)) for k in (1, 2, 3)]
+    for demand in asks:
+        state.fits(NODE_NAMES, demand)
+    assert len(state.verdicts) == 2 and all(d.key == "" for d in state.verdicts)
+    assert [d.units for d in state.verdicts] == [2, 3]  # the least recently asked went first
+
+
 def test_fit_without_placing_gives_the_same_verdicts_and_reasons() -> None:
     state = cluster([gpu_pod("held", 6, node="h100-hgx-0", annotations={labels.ANN_GPUS: "0,1,2,3,4,5"})])
     for name in ("filter-nodecache-true-pod-gpu4", "filter-nodecache-true-pod-mig-1g.5gb",
