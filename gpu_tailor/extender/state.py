@@ -117,6 +117,7 @@ class ClusterState:
         for name in list(self.nodes):
             self.fleet.remove(name)
         self.nodes, self.degraded = {}, set()
+        self.verdicts.clear()  # every node is new: nothing kept would be trusted anyway
         for obj in items:
             inv = from_node(obj)
             self.nodes[inv.name] = node_state(inv)
@@ -134,6 +135,8 @@ class ClusterState:
             self.nodes.pop(name, None)
             self.degraded.discard(name)
             self.fleet.remove(name)
+            for kept in self.verdicts.values():
+                kept.pop(name, None)
             return
         self.nodes[name] = node_state(from_node(obj))
         for rec in self.pods.values():

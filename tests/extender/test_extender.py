@@ -194,6 +194,8 @@ def test_verdicts_are_kept_per_ask_across_pods_and_rechecked_only_where_a_node_c
     mig = pod_of("filter-nodecache-true-pod-mig-1g.5gb")
     ask(mig)
     assert sorted(calls) == NODE_NAMES  # another ask is checked afresh
+    state.apply_node("DELETED", node_fixture("h100-hgx-0"))
+    assert all("h100-hgx-0" not in kept for kept in state.verdicts.values())  # nothing kept for nodes gone
     state.reset_nodes([node_fixture(n) for n in NODE_NAMES])  # a relist replaces every node
     ask(third)
     assert sorted(calls) == NODE_NAMES
