@@ -12,8 +12,9 @@ Filter keeps its verdicts per ask and re-checks only nodes that changed since; "
 the same request with nothing kept (the first pod of a kind). The candidates are consecutive windows of
 the node list, as kube-scheduler's are (each search starts where the last one stopped), so a node
 comes back every ``nodes / candidates`` rounds. Prioritize is sent all 500 candidates
-(kube-scheduler sends only those that passed). The policy has learnt its pod mix from the bound GPU
-pods, as a running extender has.
+(kube-scheduler sends only those that passed). Preempt is offered 50 nodes with every pod bound there
+as a victim (about 20 each, 6 of them GPU pods), so it tries one release per GPU victim. The policy
+has learnt its pod mix from the bound GPU pods, as a running extender has.
 
     python benchmarks/extender_latency.py [--nodes 5000] [--pods 100000] [--candidates 500] [--rounds 200]
                                           [--churn 10]
@@ -83,6 +84,9 @@ def main() -> None:
     state.reset_nodes(node_objs)
     build = time.perf_counter() - t0
     names = list(state.nodes)
+    on_node: dict[str, list[str]] = {n: [] for n in names}  # preempt is offered every pod on the node
+    for rec in state.pods.values():
+        on_node[rec.node].append(rec.uid)
     times: dict[str, list[float]] = {"filter, new ask": [], "filter": [], "prioritize": [], "preempt": [], "bind": []}
 
     def timed(verb: str, call: Callable[..., Any], *call_args: Any) -> Any:
@@ -102,7 +106,8 @@ def main() -> None:
         body = {"Pod": replica, "NodeNames": cands}
         passed = timed("filter", verbs.filter_nodes, state, body)["NodeNames"]
         timed("prioritize", verbs.prioritize, state, {**prio, "Pod": replica, "NodeNames": cands})
-        victims: dict[str, Any] = {n: {"Pods": [], "NumPDBViolations": 0} for n in cands[:50]}
+        victims: dict[str, Any] = {n: {"Pods": [{"UID": u} for u in on_node[n]], "NumPDBViolations": 0}
+                                   for n in cands[:50]}
         timed("preempt", verbs.preempt, state, {"Pod": replica, "NodeNameToMetaVictims": victims})
         if passed:
             key, node = f"{replica['metadata']['namespace']}/replica-{i}", passed[0]

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from gpu_tailor.extender.state import ClusterState
+from gpu_tailor.extender.state import ClusterState, PodRecord
+from gpu_tailor.gpumodel.occupancy import Placement
 from gpu_tailor.gpumodel.schedule import Demand, NodeState, demand_of, fit, pod_key, shape_of
 
 MAX_SCORE = 10
@@ -128,17 +129,33 @@ def _victim_uids(entry: Any) -> list[str]:
     return uids
 
 
-def _fits_without(state: ClusterState, ns: NodeState, demand: Demand, evicted: list[str]) -> bool:
-    trial = copy.copy(ns)
-    trial.gpus = copy.deepcopy(ns.gpus)
-    trial.units_used = dict(ns.units_used)
-    for uid in evicted:
-        rec = state.pods.get(state.by_uid.get(uid, ""))
-        if rec is None or rec.node != ns.name:
-            continue
-        if trial.gpus.release(rec.key) is not None and rec.demand.resource:
-            trial.units_used[rec.demand.resource] = trial.units_used.get(rec.demand.resource, 0) - rec.demand.units
-    return fit(trial, demand, place=False).ok
+class _Trial:
+    """A private copy of one node to evict victims on, and to put them back (preempt's what-ifs)."""
+
+    def __init__(self, ns: NodeState) -> None:
+        self.node = copy.copy(ns)
+        self.node.gpus = ns.gpus.copy()
+        self.node.units_used = dict(ns.units_used)
+        self.evicted: dict[str, Placement] = {}
+
+    def _count(self, rec: PodRecord, sign: int) -> None:
+        used = self.node.units_used
+        used[rec.demand.resource] = used.get(rec.demand.resource, 0) + sign * rec.demand.units
+
+    def evict(self, rec: PodRecord) -> None:
+        placement = self.node.gpus.release(rec.key)
+        if placement is not None:
+            self.evicted[rec.key] = placement
+            self._count(rec, -1)
+
+    def restore(self, rec: PodRecord) -> None:
+        placement = self.evicted.pop(rec.key, None)
+        if placement is not None:
+            self.node.gpus.place(rec.key, placement)
+            self._count(rec, +1)
+
+    def fits(self, demand: Demand) -> bool:
+        return fit(self.node, demand, place=False).ok
 
 
 def preempt(state: ClusterState, body: Any) -> dict[str, Any]:
@@ -155,15 +172,23 @@ def preempt(state: ClusterState, body: Any) -> dict[str, Any]:
         if not demand.gpu or ns is None:
             out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
             continue
-        if not _fits_without(state, ns, demand, uids):
+        victims = [state.pods.get(state.by_uid.get(uid, "")) for uid in uids]
+        trial = _Trial(ns)
+        for rec in victims:
+            if rec is not None and rec.node == node and rec.demand.gpu:
+                trial.evict(rec)
+        if not trial.fits(demand):
             continue  # evicting them all still would not free the GPUs it needs
         keep = list(uids)
-        for uid in uids:  # drop victims whose GPUs it does not need (CPU-only victims stay)
-            rec = state.pods.get(state.by_uid.get(uid, ""))
+        # drop victims whose GPUs it does not need (CPU-only victims stay): put each back in turn and
+        # keep it there while the pod still fits
+        for uid, rec in zip(uids, victims, strict=True):
             if rec is None or not rec.demand.gpu:
                 continue
-            rest = [u for u in keep if u != uid]
-            if _fits_without(state, ns, demand, rest):
-                keep = rest
+            trial.restore(rec)
+            if trial.fits(demand):
+                keep = [u for u in keep if u != uid]
+            else:
+                trial.evict(rec)
         out[node] = {"Pods": [{"UID": u} for u in keep], "NumPDBViolations": pdb}
     return {"NodeNameToMetaVictims": out}

@@ -89,6 +89,15 @@ class NodeGpus:
         used = [p for name in slot.mig if (p := self.mig_sku.resolve(name)) is not None]
         return mig.fits_together(self.mig_sku, [*used, profile])
 
+    def copy(self) -> NodeGpus:
+        """An independent copy to try releases and placements on (topology and MIG SKU are shared)."""
+        other = NodeGpus.__new__(NodeGpus)
+        other.slots = [GpuSlot(s.index, s.memory_mib, s.whole_by, s.milli_used, s.memory_used_mib,
+                               s.replicas_used, list(s.mig), set(s.pods)) for s in self.slots]
+        other.topology, other.usable, other.mig_sku = self.topology, self.usable, self.mig_sku
+        other.placements = dict(self.placements)
+        return other
+
     # --- the single writer's operations --------------------------------------------------------
     def clear(self) -> None:
         """Forget every placement (before a relist re-places the pods)."""

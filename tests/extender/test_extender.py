@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -267,6 +268,49 @@ def test_preempt_drops_victims_whose_gpus_are_not_needed() -> None:
     both = {"Pods": [{"UID": v["metadata"]["uid"]} for v in VICTIMS], "NumPDBViolations": 0}
     out = verbs.preempt(state, {"Pod": four["Pod"], "NodeNameToMetaVictims": {"h100-hgx-0": both}})
     assert len(out["NodeNameToMetaVictims"]["h100-hgx-0"]["Pods"]) == 1  # one 4-GPU victim is enough
+
+
+def test_preempt_agrees_with_a_cluster_that_never_had_the_evicted_pods() -> None:
+    """Preempt tries evictions on a private copy of the node; the answer must be what a cluster without
+    those pods would say (greedy, in the order kube-scheduler lists the victims), and the real state
+    must be left as it was."""
+    rng = random.Random(5)
+    node = "h100-hgx-0"
+    for case in range(20):
+        free = list(range(8))
+        rng.shuffle(free)
+        bound: list[dict[str, Any]] = []
+        while free:
+            k = min(len(free), rng.choice((1, 1, 2, 3)))
+            taken, free = free[:k], free[k:]
+            bound.append(gpu_pod(f"w{case}-{len(bound)}", k, node=node,
+                                 annotations={labels.ANN_GPUS: ",".join(map(str, sorted(taken)))}))
+        cpu = gpu_pod(f"cpu{case}", 1, node=node)
+        cpu["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
+        elsewhere = gpu_pod(f"far{case}", 1, node="h100-degraded-0")
+        pods = [*bound, cpu, elsewhere]
+        victims = [p["metadata"]["uid"] for p in rng.sample(pods, rng.randint(1, len(pods)))] + ["uid-unknown"]
+        ask = gpu_pod(f"ask{case}", rng.randint(1, 8))
+        demand = demand_of(ask)
+
+        def fits_without(evicted: list[str], demand: Demand = demand, pods: list[Any] = pods) -> bool:
+            kept = cluster([p for p in pods if p["metadata"]["uid"] not in evicted])
+            return fit(kept.nodes[node], demand, place=False).ok
+
+        expected: dict[str, Any] = {}
+        if fits_without(victims):
+            keep = list(victims)
+            for uid in victims:
+                if uid.startswith("uid-w") or uid.startswith("uid-far"):  # GPU pods known to the extender
+                    rest = [u for u in keep if u != uid]
+                    if fits_without(rest):
+                        keep = rest
+            expected[node] = {"Pods": [{"UID": u} for u in keep], "NumPDBViolations": 0}
+        state = cluster(pods)
+        before = dict(state.nodes[node].gpus.placements)
+        body = {"Pod": ask, "NodeNameToMetaVictims": {node: {"Pods": [{"UID": u} for u in victims]}}}
+        assert verbs.preempt(state, body) == {"NodeNameToMetaVictims": expected}, case
+        assert state.nodes[node].gpus.placements == before and state.nodes[node].gpus.free_whole() == []
 
 
 class RecordingBinder:

@@ -69,3 +69,21 @@ def test_gpu_annotation() -> None:
     assert parse_gpu_annotation("a,b") is None and parse_gpu_annotation("") is None
     assert parse_gpu_annotation("-1") is None
     assert format_gpu_annotation([3, 0]) == "0,3"
+
+
+def test_copy_is_independent_of_the_original() -> None:
+    one_g = mig.A100_40GB.profile("1g.5gb")
+    assert one_g is not None
+    gpus = NodeGpus(2, 40960, mig_sku=mig.A100_40GB)
+    gpus.place("a", Placement((0,), milli=1000 // 7, whole=False, mig_profile="1g.5gb"))
+    gpus.place("b", Placement((1,)))
+    trial = gpus.copy()
+    assert trial.free_whole() == gpus.free_whole() == [] and trial.predict_mig(one_g) == 0
+    trial.release("b")
+    trial.release("a")
+    trial.place("c", Placement((0,), milli=500, whole=False))
+    # the original keeps its pods, MIG instance and whole GPU; the copy has only the share
+    assert gpus.placements.keys() == {"a", "b"} and gpus.slots[0].mig == ["1g.5gb"]
+    assert gpus.slots[1].whole_by == "b" and gpus.slots[0].pods == {"a"}
+    assert trial.placements.keys() == {"c"} and trial.slots[0].mig == [] and trial.slots[0].pods == {"c"}
+    assert trial.free_whole() == [1] and trial.slots[0].free_milli == 500
