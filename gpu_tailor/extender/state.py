@@ -17,23 +17,28 @@ fleet row and generation: every change to a node (its object, a pod placed or re
 generation, so a kept verdict is reused only while the node is exactly as it was. kube-scheduler asks
 prioritize right after filter about the same pod, and the replicas of a Job or Deployment arrive one
 after another with the same ask; between two of them only the nodes that changed are checked again.
+The part of a verdict that depends on the inventory alone is kept per ask and node *kind* (same
+health, product and offerings, as the nodes of one pool are): a first ask works it out once per
+pool, not once per node.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpu_tailor.gpumodel.inventory import HealthState, from_node
+from gpu_tailor.gpumodel.inventory import Health, HealthState, NodeInventory, Offering, from_node
 from gpu_tailor.gpumodel.occupancy import Placement
 from gpu_tailor.gpumodel.packing import Fleet, Shape, TailorPolicy
+from gpu_tailor.gpumodel.products import Product
 from gpu_tailor.gpumodel.schedule import (
     Demand,
     Fit,
     NodeState,
     demand_of,
     fit,
+    inventory_verdict,
     node_state,
     pod_key,
     recorded_placement,
@@ -41,6 +46,14 @@ from gpu_tailor.gpumodel.schedule import (
 )
 
 KEPT_ASKS = 64  # distinct asks whose per-node verdicts are kept (least recently asked dropped first)
+
+
+@dataclass
+class Kept:
+    """What is kept for one ask: verdicts per node (row, generation, verdict), inventory verdicts per kind."""
+
+    by_node: dict[str, tuple[int, int, Fit]] = field(default_factory=dict)
+    by_kind: dict[int, Fit | Offering] = field(default_factory=dict)
 
 
 @dataclass
@@ -67,8 +80,9 @@ class ClusterState:
         self.policy = TailorPolicy(self.fleet)
         self.seen: set[str] = set()  # uids of the pods whose shape the policy has learnt
         self.degraded: set[str] = set()  # nodes selling fewer GPUs than they have
-        # ask -> node -> (fleet row, its generation, verdict): see the module notes
-        self.verdicts: OrderedDict[Demand, dict[str, tuple[int, int, Fit]]] = OrderedDict()
+        self.verdicts: OrderedDict[Demand, Kept] = OrderedDict()  # per ask: see the module notes
+        self.kinds: dict[tuple[Health, Product | None, tuple[Offering, ...]], int] = {}
+        self.kind_of: dict[str, int] = {}  # node -> its kind
         self.nodes_synced = False
         self.pods_synced = False
 
@@ -87,7 +101,7 @@ class ClusterState:
         ask = replace(demand, key="")
         kept = self.verdicts.get(ask)
         if kept is None:
-            kept = self.verdicts[ask] = {}
+            kept = self.verdicts[ask] = Kept()
             if len(self.verdicts) > KEPT_ASKS:
                 self.verdicts.popitem(last=False)
         else:
@@ -99,18 +113,29 @@ class ClusterState:
             if ns is None:
                 out.append(Fit(False, "node not known to gpu-tailor yet (watch catching up)"))
                 continue
+            kind = self.kind_of[name]
+            settled = kept.by_kind.get(kind)
+            if settled is None:
+                settled = kept.by_kind[kind] = inventory_verdict(ns.inventory, demand)
+            if isinstance(settled, Fit):  # the inventory settles it, whatever runs there
+                out.append(settled)
+                continue
             row = index.get(name)
             if row is None:  # unschedulable, so not in the fleet: no generation to trust
-                out.append(fit(ns, demand, place=False))
+                out.append(fit(ns, demand, place=False, settled=settled))
                 continue
-            hit = kept.get(name)
+            hit = kept.by_node.get(name)
             if hit is not None and hit[0] == row and hit[1] == gens[row]:
                 out.append(hit[2])
                 continue
-            verdict = fit(ns, demand, place=False)
-            kept[name] = (row, gens[row], verdict)
+            verdict = fit(ns, demand, place=False, settled=settled)
+            kept.by_node[name] = (row, gens[row], verdict)
             out.append(verdict)
         return out
+
+    def _set_node(self, inv: NodeInventory) -> None:
+        self.nodes[inv.name] = node_state(inv)
+        self.kind_of[inv.name] = self.kinds.setdefault((inv.health, inv.product, inv.offerings), len(self.kinds))
 
     # ----- the writer's side -----
     def reset_nodes(self, items: list[dict[str, Any]]) -> None:
@@ -118,9 +143,9 @@ class ClusterState:
             self.fleet.remove(name)
         self.nodes, self.degraded = {}, set()
         self.verdicts.clear()  # every node is new: nothing kept would be trusted anyway
+        self.kind_of = {}
         for obj in items:
-            inv = from_node(obj)
-            self.nodes[inv.name] = node_state(inv)
+            self._set_node(from_node(obj))
         for rec in self.pods.values():
             rec.placement = None
         for rec in self.pods.values():
@@ -135,10 +160,11 @@ class ClusterState:
             self.nodes.pop(name, None)
             self.degraded.discard(name)
             self.fleet.remove(name)
+            self.kind_of.pop(name, None)
             for kept in self.verdicts.values():
-                kept.pop(name, None)
+                kept.by_node.pop(name, None)
             return
-        self.nodes[name] = node_state(from_node(obj))
+        self._set_node(from_node(obj))
         for rec in self.pods.values():
             if rec.node == name:
                 rec.placement = None

@@ -122,17 +122,17 @@ class Fit:
     placement: Placement | None = None
 
 
-def fit(node: NodeState, demand: Demand, place: bool = True) -> Fit:
-    """Whether ``demand`` fits ``node`` now; the GPUs it would get; or a reason for people.
+def inventory_verdict(inv: NodeInventory, demand: Demand) -> Fit | Offering:
+    """The part of ``fit`` that depends on the node's inventory only, not on what runs there.
 
-    ``place=False`` answers only whether (and why not): whole GPUs are then not chosen (``placement``
-    is None), which saves the device plugin's set search on every candidate of a filter call.
+    A ``Fit`` when that settles it (a GPU ask on a node without that resource, a product not wanted,
+    an ask larger than the node sells ...); otherwise the offering the ask would be served from. Nodes
+    with the same health, product and offerings (``NodeState.kind``) get the same answer.
     """
     if demand.error:
         return Fit(False, demand.error, unresolvable=True)
     if not demand.gpu:
         return Fit(True)
-    inv = node.inventory
     state = inv.health.state
     if state is HealthState.NO_GPU:
         return Fit(False, "node has no NVIDIA GPUs", unresolvable=True)
@@ -152,6 +152,25 @@ def fit(node: NodeState, demand: Demand, place: bool = True) -> Fit:
         if state is HealthState.DEGRADED:
             why = f"{inv.health.reason}; {why}"
         return Fit(False, why, unresolvable=True)
+    label = offering.label
+    if offering.backing is not BackingKind.WHOLE and demand.units > 1 and demand.backing != label:
+        # several replicas or slices are not several GPUs: a native multi-GPU ask means whole GPUs
+        return Fit(False, f"node sells {demand.resource} as {label}: {demand.units} units would be "
+                   f"{demand.units} slices or replicas, not {demand.units} GPUs", unresolvable=True)
+    return offering
+
+
+def fit(node: NodeState, demand: Demand, place: bool = True, settled: Fit | Offering | None = None) -> Fit:
+    """Whether ``demand`` fits ``node`` now; the GPUs it would get; or a reason for people.
+
+    ``place=False`` answers only whether (and why not): whole GPUs are then not chosen (``placement``
+    is None), which saves the device plugin's set search on every candidate of a filter call.
+    ``settled`` is ``inventory_verdict(node.inventory, demand)`` when the caller has it already.
+    """
+    verdict = inventory_verdict(node.inventory, demand) if settled is None else settled
+    if isinstance(verdict, Fit):
+        return verdict
+    offering = verdict
     gpus = node.gpus
     if offering.backing is BackingKind.WHOLE:
         free = gpus.free_whole()
@@ -172,10 +191,6 @@ def fit(node: NodeState, demand: Demand, place: bool = True) -> Fit:
             chosen = gpus.predict_whole(demand.units) or tuple(free[: demand.units])
         return Fit(True, placement=Placement(chosen))
     label = offering.label
-    if demand.units > 1 and demand.backing != label:
-        # several replicas or slices are not several GPUs: a native multi-GPU ask means whole GPUs
-        return Fit(False, f"node sells {demand.resource} as {label}: {demand.units} units would be "
-                   f"{demand.units} slices or replicas, not {demand.units} GPUs", unresolvable=True)
     used = node.units_used.get(demand.resource, 0)
     left = offering.allocatable - used
     if left < demand.units:

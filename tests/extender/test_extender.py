@@ -18,8 +18,9 @@ from gpu_tailor.extender import verbs
 from gpu_tailor.extender.server import ApiBinder, make_app
 from gpu_tailor.extender.state import ClusterState
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.inventory import NodeInventory, Offering
 from gpu_tailor.gpumodel.packing import MILLI
-from gpu_tailor.gpumodel.schedule import Demand, Fit, NodeState, demand_of, fit
+from gpu_tailor.gpumodel.schedule import Demand, Fit, NodeState, demand_of, fit, inventory_verdict
 from tests.conftest import FIXTURES, load_fixture, node_fixture
 from tests.kube.fakeapi import FakeApi
 
@@ -150,9 +151,9 @@ def test_prioritize_reuses_the_filter_verdict_only_while_the_node_is_unchanged(
     assert out["NodeNames"] == ["h100-degraded-0"] and "h100-hgx-0" in out["FailedNodes"]
     calls: list[str] = []
 
-    def counted(ns: NodeState, demand: Demand, place: bool = True) -> Fit:
+    def counted(ns: NodeState, demand: Demand, place: bool = True, settled: Any = None) -> Fit:
         calls.append(ns.name)
-        return fit(ns, demand, place)
+        return fit(ns, demand, place, settled)
 
     monkeypatch.setattr(state_module, "fit", counted)
     verbs.prioritize(state, args("prioritize-nodecache-true-pod-gpu4", nodes))
@@ -162,6 +163,48 @@ def test_prioritize_reuses_the_filter_verdict_only_while_the_node_is_unchanged(
     assert calls == ["h100-hgx-0"] and scores["h100-hgx-0"] == 10
 
 
+def count_checks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Record every inventory verdict and fit the extender's state works out, by node name."""
+    calls: list[tuple[str, str]] = []
+
+    def counted_fit(ns: NodeState, demand: Demand, place: bool = True, settled: Any = None) -> Fit:
+        calls.append(("fit", ns.name))
+        return fit(ns, demand, place, settled)
+
+    def counted_inventory(inv: NodeInventory, demand: Demand) -> Fit | Offering:
+        calls.append(("inventory", inv.name))
+        return inventory_verdict(inv, demand)
+
+    monkeypatch.setattr(state_module, "fit", counted_fit)
+    monkeypatch.setattr(state_module, "inventory_verdict", counted_inventory)
+    return calls
+
+
+def test_nodes_of_one_kind_share_the_inventory_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool of identical nodes: the first ask reads the inventory once, and checks occupancy per node."""
+    twins = []
+    for name in ("t4-timeslice-0", "h100-hgx-0"):
+        twin = node_fixture(name)
+        twin["metadata"]["name"] = name.replace("-0", "-1")
+        twins.append(twin)
+    held = gpu_pod("held", 6, node="h100-hgx-1", annotations={labels.ANN_GPUS: "0,1,2,3,4,5"})
+    state = cluster([held], extra_nodes=twins)
+    names = [*NODE_NAMES, "t4-timeslice-1", "h100-hgx-1"]
+    calls = count_checks(monkeypatch)
+    out = verbs.filter_nodes(state, {"Pod": pod_of("filter-nodecache-true-pod-gpu4"), "NodeNames": names})
+    assert len([c for c in calls if c[0] == "inventory"]) == len(NODE_NAMES)  # the twins add no kind
+    assert ("fit", "h100-hgx-0") in calls and ("fit", "h100-hgx-1") in calls  # occupancy: per node
+    assert "h100-hgx-0" in out["NodeNames"] and "h100-hgx-1" in out["FailedNodes"]  # 2 of 8 free there
+    assert out["FailedAndUnresolvableNodes"]["t4-timeslice-1"] == out["FailedAndUnresolvableNodes"]["t4-timeslice-0"]
+    demand = demand_of(pod_of("filter-nodecache-true-pod-gpu4"))
+    fresh = [fit(state.nodes[n], demand, place=False) for n in names]
+    assert [(f.ok, f.reason) for f in state.fits(names, demand)] == [(f.ok, f.reason) for f in fresh]
+    state.apply_node("MODIFIED", {**twins[1], "metadata": {**twins[1]["metadata"],
+                                                           "labels": {**twins[1]["metadata"]["labels"],
+                                                                      "nvidia.com/gpu.product": "Tesla-T4"}}})
+    assert state.kind_of["h100-hgx-1"] != state.kind_of["h100-hgx-0"]  # relabelled: a kind of its own
+
+
 def test_verdicts_are_kept_per_ask_across_pods_and_rechecked_only_where_a_node_changed(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Replicas of one Job share an ask: the second is checked only on the node the first was bound to."""
@@ -169,37 +212,31 @@ def test_verdicts_are_kept_per_ask_across_pods_and_rechecked_only_where_a_node_c
     first = pod_of("filter-nodecache-true-pod-gpu4")
     second = copy.deepcopy(first)
     second["metadata"].update(name="train-gpu4-b", uid="uid-b")
-    calls: list[str] = []
-
-    def counted(ns: NodeState, demand: Demand, place: bool = True) -> Fit:
-        calls.append(ns.name)
-        return fit(ns, demand, place)
-
-    monkeypatch.setattr(state_module, "fit", counted)
+    calls = count_checks(monkeypatch)
 
     def ask(pod: dict[str, Any]) -> dict[str, Any]:
         calls.clear()
         return verbs.filter_nodes(state, {"Pod": pod, "NodeNames": NODE_NAMES})
 
-    assert ask(first)["NodeNames"] and sorted(calls) == NODE_NAMES
+    assert ask(first)["NodeNames"] and sorted({n for _, n in calls}) == NODE_NAMES
     assert ask(second)["NodeNames"] and calls == []  # same ask, nothing changed
     state.assume("gpu-jobs/train-gpu4", "h100-hgx-0", fit(state.nodes["h100-hgx-0"], demand_of(first)).placement)
-    assert "h100-hgx-0" in ask(second)["NodeNames"] and calls == ["h100-hgx-0"]  # 4 of 8 GPUs still free
+    assert "h100-hgx-0" in ask(second)["NodeNames"] and calls == [("fit", "h100-hgx-0")]  # 4 of 8 GPUs free
     state.apply_pod("ADDED", second)
     state.assume("gpu-jobs/train-gpu4-b", "h100-hgx-0",
                  fit(state.nodes["h100-hgx-0"], demand_of(second)).placement)
     third = copy.deepcopy(second)
     third["metadata"].update(name="train-gpu4-c", uid="uid-c")
     out = ask(third)
-    assert calls == ["h100-hgx-0"] and "h100-hgx-0" in out["FailedNodes"]  # now full: the old "yes" is gone
+    assert calls == [("fit", "h100-hgx-0")] and "h100-hgx-0" in out["FailedNodes"]  # full: the old "yes" is gone
     mig = pod_of("filter-nodecache-true-pod-mig-1g.5gb")
     ask(mig)
-    assert sorted(calls) == NODE_NAMES  # another ask is checked afresh
+    assert sorted({n for _, n in calls}) == NODE_NAMES  # another ask is checked afresh
     state.apply_node("DELETED", node_fixture("h100-hgx-0"))
-    assert all("h100-hgx-0" not in kept for kept in state.verdicts.values())  # nothing kept for nodes gone
+    assert all("h100-hgx-0" not in kept.by_node for kept in state.verdicts.values())  # nothing kept for nodes gone
     state.reset_nodes([node_fixture(n) for n in NODE_NAMES])  # a relist replaces every node
     ask(third)
-    assert sorted(calls) == NODE_NAMES
+    assert sorted({n for _, n in calls}) == NODE_NAMES
     for pod in (third, mig):  # what is kept is what fit() says now, reasons included
         demand = demand_of(pod)
         kept = state.fits(NODE_NAMES, demand)
