@@ -237,6 +237,31 @@ def test_the_model_charge_ramps_up_from_model_reserve_from_to_all_at_pressure_on
     assert extra.tolist() == pytest.approx([-1000 * 5 / 6, 0.0, 0.0])
 
 
+def test_the_model_charge_is_what_cpu_lets_the_restricted_pods_use_of_the_node() -> None:
+    whole, p100_only = Shape(8000, 1024, 1, 1000), Shape(8000, 1024, 1, 1000, frozenset({"P100"}))
+    fleet = _two_models()
+    fleet.upsert("p100", 4000, 262144, [1000, 1000], "P100")  # CPU for half a restricted pod is left
+    tailor = TailorPolicy(fleet, mix=Mix(coverage=0.5))
+    for shape in (whole, whole, p100_only):
+        tailor.observe(shape)
+    assert tailor.model_pressure()[0] == 1.0  # all it takes there is charged
+    # restricted pods bring 1000 GPU milli per 8000 CPU milli: 4000 CPU milli feed 500 of the 2000
+    # free GPU milli. A 2-core 1-GPU pod leaves 2000 CPU milli, which feed 250: charged 500 - 250,
+    # not the 1000 milli it takes
+    light = Shape(2000, 1024, 1, 1000)
+    c = candidates(fleet, light, fleet.rows())
+    extra = tailor.delta(light, c) - FgdPolicy.delta(tailor, light, c)
+    assert extra.tolist() == pytest.approx([-250.0, 0.0, 0.0])
+    # with 16 cores free all 2000 milli are theirs; a 12-core pod on a tenth of a GPU leaves 4 cores,
+    # which feed 500 milli: charged 2000 - 500, not the 100 milli of GPU it takes
+    fleet.upsert("p100", 16000, 262144, [1000, 1000], "P100")
+    hungry = Shape(12000, 1024, 1, 100)
+    c = candidates(fleet, hungry, fleet.rows())
+    extra = tailor.delta(hungry, c) - FgdPolicy.delta(tailor, hungry, c)
+    assert [fleet.names[n] for n in c.node] == ["p100", "g2a", "g2b"]
+    assert extra.tolist() == pytest.approx([-1500.0, 0.0, 0.0])
+
+
 def test_model_pressure_spreads_a_multi_model_restriction_over_its_models_free_share() -> None:
     tailor = TailorPolicy(_two_models())
     tailor.fleet.take(1, Shape(0, 0, 1, 1000), (0,))  # g2a: one GPU taken; 5000 free in all
