@@ -598,8 +598,8 @@ class TailorPolicy(FgdPolicy):
       as the fragmentation (``model_cost``): the GPU milli those pods could still have used, which
       a node's free CPU may cap. Charging the GPU milli alone let CPU-heavy pods eat the CPU beside
       GPUs the restricted pods needed, and kept CPU-light pods off GPUs that no restricted pod could
-      have fed (gpuspec10 95.64 -> 95.71 on 10 seeds; derived gpuspec20/25/33 +0.14/+0.18/+0.42 on
-      4 seeds). FGD
+      have fed (gpuspec10 95.64 -> 95.71 on 10 seeds; the derived gpuspec20/25/33 of
+      ``benchmarks/trace_families.py`` +0.15/+0.16/+0.46 on seeds 42-44). FGD
       sees a restricted pod type only through its small share of the mix, so on a workload where
       a quarter of the GPU pods name a model, unrestricted pods fill the scarce models (P100, V100,
       T4) early and the restricted ones fail.
