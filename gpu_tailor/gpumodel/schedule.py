@@ -127,7 +127,7 @@ def inventory_verdict(inv: NodeInventory, demand: Demand) -> Fit | Offering:
 
     A ``Fit`` when that settles it (a GPU ask on a node without that resource, a product not wanted,
     an ask larger than the node sells ...); otherwise the offering the ask would be served from. Nodes
-    with the same health, product and offerings (``NodeState.kind``) get the same answer.
+    with the same health, product and offerings get the same answer (the extender keeps it per kind).
     """
     if demand.error:
         return Fit(False, demand.error, unresolvable=True)
