@@ -737,10 +737,12 @@ class TailorPolicy(FgdPolicy):
         free_cpu = f.cpu[c.node].astype(float)
         took = (c.count * (c.before - c.after)).astype(float)
         fed = cpu[at] > 0  # restricted pods that ask for no CPU are never short of it
-        before = np.where(fed, np.minimum(free_gpu, free_cpu * per_cpu), free_gpu)
-        after = np.where(fed, np.minimum(free_gpu - took, np.maximum(free_cpu - shape.cpu, 0) * per_cpu),
-                         free_gpu - took)
-        out: Array = np.where(known, (before - after) * reserve[at], 0.0)
+
+        def usable(gpu: Array, cpu_left: Array) -> Array:
+            return np.where(fed, np.minimum(gpu, cpu_left * per_cpu), gpu)
+
+        drop = usable(free_gpu, free_cpu) - usable(free_gpu - took, np.maximum(free_cpu - shape.cpu, 0))
+        out: Array = np.where(known, drop * reserve[at], 0.0)
         return out
 
     def delta(self, shape: Shape, c: Candidates) -> Array:
