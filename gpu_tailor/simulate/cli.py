@@ -75,6 +75,14 @@ def table(results: list[RunResult], topology: str, refs: list[Headroom] | None =
     return out
 
 
+def check_plot_available() -> None:
+    """``--plot`` needs the optional ``plot`` extra: say so before a replay that can take minutes."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise TraceError("--plot needs matplotlib: pip install 'gpu-tailor[plot]'") from exc
+
+
 def plot(results: list[RunResult], path: str) -> None:
     import matplotlib
 
@@ -116,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
         print(inventory_table(bundled_nodes()))
         return 0
     try:
+        if args.plot:
+            check_plot_available()
         policies = args.policy or list(DEFAULT_POLICIES)
         unknown = [p for p in policies if p not in POLICIES]
         if unknown:
@@ -147,9 +157,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": [r.wire() for r in results]}, indent=1) + "\n")
         print(f"wrote {args.json}")
-    plot_path = args.plot or "gpu-tailor-simulation.png"
-    plot(results, plot_path)
-    print(f"plot: {Path(plot_path).resolve()}")
+    if args.plot:
+        plot(results, args.plot)
+        print(f"plot: {Path(args.plot).resolve()}")
     return 0
 
 
