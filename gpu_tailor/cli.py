@@ -21,6 +21,12 @@ def _cluster_source(p: argparse.ArgumentParser) -> None:
                      help="offline: a JSON or YAML List as printed by 'kubectl get nodes,pods -A -o json'")
 
 
+def _drain(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drain", type=float, default=2.0, metavar="SECONDS",
+                   help="on SIGTERM: answer /readyz 503 but keep serving this long, then let requests in "
+                        "flight finish and exit")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-tailor", description=(
         "Portable GPU asks for Kubernetes: an admission webhook, a scheduler extender, their "
@@ -34,7 +40,23 @@ def build_parser() -> argparse.ArgumentParser:
     wh.add_argument("--listen", default="0.0.0.0:8443", metavar="HOST:PORT", help="address to serve on")
     wh.add_argument("--tls-cert", metavar="FILE", help="serving certificate (PEM); reloaded when it changes")
     wh.add_argument("--tls-key", metavar="FILE", help="private key of the serving certificate (PEM)")
+    wh.add_argument("--certs-secret", metavar="NAMESPACE/NAME",
+                    help="instead of --tls-cert/--tls-key: keep a CA and the serving certificate in this Secret "
+                         "(created if missing, renewed before expiry, shared by all replicas) and write the CA "
+                         "into --webhook-config's caBundle")
+    wh.add_argument("--webhook-config", default="gpu-tailor", metavar="NAME",
+                    help="MutatingWebhookConfiguration whose caBundle --certs-secret keeps (default gpu-tailor)")
+    wh.add_argument("--service", default="gpu-tailor-webhook", metavar="NAME",
+                    help="Service in front of the webhook, named by the certificate (with --certs-secret)")
+    wh.add_argument("--host", action="append", metavar="NAME", help="extra DNS name for the certificate")
+    wh.add_argument("--ip", action="append", metavar="ADDRESS",
+                    help="extra IP address for the certificate (a webhook registered by URL, e.g. 127.0.0.1)")
+    wh.add_argument("--cert-days", type=int, default=365, metavar="DAYS", help="validity of a serving certificate")
+    wh.add_argument("--renew-before", type=int, default=30, metavar="DAYS", help="renew when this close to expiry")
+    wh.add_argument("--certs-sync-interval", type=float, default=60.0, metavar="SECONDS",
+                    help="how often the Secret and the caBundle are checked (with --certs-secret)")
     wh.add_argument("--config", metavar="FILE", help="YAML policy: declared offerings, scheduler name, defaults")
+    _drain(wh)
     _cluster_source(wh)
 
     ex = sub.add_parser("extender", help="serve the kube-scheduler extender",
@@ -44,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (optional)")
     ex.add_argument("--tls-key", metavar="FILE", help="private key for --tls-cert")
     ex.add_argument("--config", metavar="FILE", help="YAML settings: maxBodyMiB (default 64)")
+    _drain(ex)
     _cluster_source(ex)
 
     ce = sub.add_parser("certs", help="make a CA and a serving certificate for the webhook",
@@ -55,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     ce.add_argument("--days", type=int, default=365, help="validity of the serving certificate")
     ce.add_argument("--renew-before", type=int, default=30, metavar="DAYS",
                     help="renew the serving certificate when it expires within DAYS (the CA is kept)")
+    ce.add_argument("--host", action="append", metavar="NAME",
+                    help="extra DNS name for the serving certificate (repeatable)")
+    ce.add_argument("--ip", action="append", metavar="ADDRESS",
+                    help="extra IP address for the serving certificate, e.g. 127.0.0.1 for a webhook "
+                         "registered by URL (repeatable)")
 
     si = sub.add_parser("simulate", help="replay a GPU cluster trace through the placement policies",
                         description="Replay the bundled Alibaba openb trace (no cluster needed).")

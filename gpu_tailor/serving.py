@@ -1,9 +1,16 @@
 """What both services serve the same way: TLS (>= 1.2, reloaded when the files change), the
-``--listen`` address, the probe and metrics routes, and running until SIGTERM."""
+``--listen`` address, the probe and metrics routes, and a graceful stop on SIGTERM.
+
+The stop follows what Kubernetes does to a pod: the ``preStop`` wait lets endpoints drop it, then
+SIGTERM. From SIGTERM on, ``/readyz`` answers 503 while requests are still served for
+``drain`` seconds (an endpoint update can still be on its way to the API server's proxy), then the
+listening socket closes and requests in flight are allowed to finish before the process exits.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -17,9 +24,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 log = logging.getLogger(__name__)
 
 
-def tls_context(cert: str, key: str) -> ssl.SSLContext:
+def server_context() -> ssl.SSLContext:
+    """A TLS server context with no certificate yet (``load_cert_chain`` fills it)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
+def tls_context(cert: str, key: str) -> ssl.SSLContext:
+    ctx = server_context()
     ctx.load_cert_chain(cert, key)
     return ctx
 
@@ -29,22 +42,36 @@ class CertReloader:
 
     def __init__(self, ctx: ssl.SSLContext, cert: str, key: str) -> None:
         self.ctx, self.cert, self.key = ctx, cert, key
-        self.stamp = self._stamp()
+        self.stamp: tuple[int, ...] | None = None
+        with contextlib.suppress(OSError):  # not written yet (a certificate kept in a Secret): load() fills it
+            self.stamp = self._stamp()
 
-    def _stamp(self) -> tuple[float, float]:
-        return (os.stat(self.cert).st_mtime, os.stat(self.key).st_mtime)
+    def _stamp(self) -> tuple[int, ...]:
+        # the inode too: an atomic replace (or a Secret volume's symlink swap) may keep the mtime
+        c, k = os.stat(self.cert), os.stat(self.key)
+        return (c.st_ino, c.st_mtime_ns, c.st_size, k.st_ino, k.st_mtime_ns, k.st_size)
+
+    def load(self) -> None:
+        """Load the pair now; raises (and leaves the live context as it was) if it does not load.
+
+        The pair is tried on a scratch context first: loading a certificate into the live context
+        and then failing on a key that does not match it would leave the live context serving the
+        new certificate with the old key, and every handshake would fail until the next check.
+        """
+        stamp = self._stamp()
+        server_context().load_cert_chain(self.cert, self.key)
+        self.ctx.load_cert_chain(self.cert, self.key)
+        self.stamp = stamp
 
     def check(self) -> bool:
         """Reload if changed; a half-written pair is retried on the next check."""
         try:
-            stamp = self._stamp()
-            if stamp == self.stamp:
+            if self._stamp() == self.stamp:
                 return False
-            self.ctx.load_cert_chain(self.cert, self.key)
+            self.load()
         except (OSError, ssl.SSLError) as exc:
             log.warning("serving certificate not reloaded yet: %s", exc)
             return False
-        self.stamp = stamp
         log.info("serving certificate reloaded")
         return True
 
@@ -52,6 +79,16 @@ class CertReloader:
         while True:
             await asyncio.sleep(interval)
             self.check()
+
+
+class Lifecycle:
+    """Whether the process has begun to stop (``/readyz`` then answers 503)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+
+
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -68,7 +105,11 @@ def add_probes(app: web.Application, ready: Callable[[web.Application], bool], n
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    app[LIFECYCLE] = Lifecycle()
+
     async def readyz(request: web.Request) -> web.Response:
+        if request.app[LIFECYCLE].stopping:
+            return web.Response(status=503, text="shutting down")
         if ready(request.app):
             return web.Response(text="ok")
         return web.Response(status=503, text=not_ready)
@@ -83,22 +124,33 @@ def add_probes(app: web.Application, ready: Callable[[web.Application], bool], n
 
 
 async def serve_until_stopped(app: web.Application, listen: str, ssl_ctx: ssl.SSLContext | None,
-                              reloader: CertReloader | None, what: str) -> None:
-    """Serve ``app`` until SIGTERM or SIGINT (the kubelet stops pods with SIGTERM), then clean up."""
+                              reloader: CertReloader | None, what: str, *, drain: float = 2.0,
+                              grace: float = 20.0, stop: asyncio.Event | None = None) -> None:
+    """Serve ``app`` until SIGTERM or SIGINT (or ``stop``), then stop gracefully (module docstring):
+    not ready at once, still serving for ``drain`` seconds, then in-flight requests get ``grace``
+    seconds to finish."""
     host, port = split_listen(listen)
     runner = web.AppRunner(app)
     await runner.setup()
-    await web.TCPSite(runner, host, port, ssl_context=ssl_ctx).start()
-    log.info("%s serving %s://%s:%d", what, "https" if ssl_ctx else "http", host, port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    rotation = asyncio.create_task(reloader.run()) if reloader is not None else None
     try:
-        await stop.wait()
-        log.info("shutting down")
+        await web.TCPSite(runner, host, port, ssl_context=ssl_ctx, shutdown_timeout=grace).start()
+        log.info("%s serving %s://%s:%d", what, "https" if ssl_ctx else "http", host, port)
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        rotation = asyncio.create_task(reloader.run()) if reloader is not None else None
+        try:
+            await stop.wait()
+            if LIFECYCLE in app:
+                app[LIFECYCLE].stopping = True
+            log.info("stopping: not ready any more; serving %.1fs more, then %.0fs for requests in flight",
+                     drain, grace)
+            if drain > 0:
+                await asyncio.sleep(drain)
+        finally:
+            if rotation is not None:
+                rotation.cancel()
     finally:
-        if rotation is not None:
-            rotation.cancel()
         await runner.cleanup()
+    log.info("%s stopped", what)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpu_tailor.certs.authority import Material, ensure
+from gpu_tailor.certs.authority import Material, Names, ensure, write_atomic
 
 WEBHOOK_CONFIG_NAME = "gpu-tailor"
 
@@ -19,7 +20,7 @@ def secret_manifest(m: Material, service: str, namespace: str) -> dict[str, Any]
         "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
         "metadata": {"name": f"{service}-tls", "namespace": namespace},
         "data": {"tls.crt": base64.b64encode(m.cert).decode(), "tls.key": base64.b64encode(m.key).decode(),
-                 "ca.crt": base64.b64encode(m.ca_cert).decode()},
+                 "ca.crt": base64.b64encode(m.ca_bundle()).decode()},
     }
 
 
@@ -52,6 +53,7 @@ def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
 
 
 def inject_ca_bundle(doc: dict[str, Any], ca_pem: bytes) -> dict[str, Any]:
+    """Put ``ca_pem`` (one or more PEM certificates) in every webhook's clientConfig.caBundle."""
     bundle = base64.b64encode(ca_pem).decode()
     for hook in doc.get("webhooks") or []:
         hook.setdefault("clientConfig", {})["caBundle"] = bundle
@@ -60,11 +62,17 @@ def inject_ca_bundle(doc: dict[str, Any], ca_pem: bytes) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    material, changed = ensure(out, args.service, args.namespace, args.days, args.renew_before)
-    (out / "secret.yaml").write_text(yaml.safe_dump(secret_manifest(material, args.service, args.namespace),
-                                                    sort_keys=False))
-    doc = inject_ca_bundle(webhook_configuration(args.service, args.namespace), material.ca_cert)
-    (out / "mutatingwebhookconfiguration.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    names = Names(args.service, args.namespace, tuple(args.host or ()), tuple(args.ip or ()))
+    try:
+        names.ip_addresses()
+    except ValueError as exc:
+        print(f"gpu-tailor certs: --ip: {exc}", file=sys.stderr)
+        return 2
+    material, changed = ensure(out, names, args.days, args.renew_before)
+    secret = yaml.safe_dump(secret_manifest(material, args.service, args.namespace), sort_keys=False)
+    write_atomic(out / "secret.yaml", secret.encode(), 0o600)  # it holds the private key
+    doc = inject_ca_bundle(webhook_configuration(args.service, args.namespace), material.ca_bundle())
+    write_atomic(out / "mutatingwebhookconfiguration.yaml", yaml.safe_dump(doc, sort_keys=False).encode())
     for line in changed or ["up to date: nothing changed"]:
         print(f"{out}: {line}")
     return 0

@@ -10,6 +10,9 @@ kept across renewals, so the caBundle written once stays valid while serving cer
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,10 +30,40 @@ class Material:
     ca_key: bytes
     cert: bytes
     key: bytes
+    previous_ca: bytes = b""  # a CA being rotated out, trusted until it expires
+
+    def ca_bundle(self) -> bytes:
+        """What the API server must trust: the CA, and the previous one while it lives."""
+        return self.ca_cert + self.previous_ca
+
+    def files(self) -> dict[str, bytes]:
+        out = {"ca.crt": self.ca_cert, "ca.key": self.ca_key, "tls.crt": self.cert, "tls.key": self.key}
+        if self.previous_ca:
+            out["ca-previous.crt"] = self.previous_ca
+        return out
+
+
+@dataclass(frozen=True)
+class Names:
+    """Who the serving certificate speaks for: the Service's DNS names, plus extra hosts and IPs
+    (a webhook registered by ``clientConfig.url`` is checked against that URL's host)."""
+
+    service: str
+    namespace: str
+    hosts: tuple[str, ...] = ()
+    ips: tuple[str, ...] = ()
+
+    def dns(self) -> list[str]:
+        s, ns = self.service, self.namespace
+        return [s, f"{s}.{ns}", f"{s}.{ns}.svc", f"{s}.{ns}.svc.cluster.local",
+                *(h for h in self.hosts if h not in (s, f"{s}.{ns}", f"{s}.{ns}.svc", f"{s}.{ns}.svc.cluster.local"))]
+
+    def ip_addresses(self) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+        return [ipaddress.ip_address(ip) for ip in self.ips]
 
 
 def dns_names(service: str, namespace: str) -> list[str]:
-    return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc", f"{service}.{namespace}.svc.cluster.local"]
+    return Names(service, namespace).dns()
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -59,20 +92,22 @@ def make_ca(now: dt.datetime, common_name: str = "gpu-tailor-ca") -> tuple[bytes
     return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
 
 
-def make_serving(ca_cert_pem: bytes, ca_key_pem: bytes, service: str, namespace: str, days: int,
+def make_serving(ca_cert_pem: bytes, ca_key_pem: bytes, names: Names, days: int,
                  now: dt.datetime) -> tuple[bytes, bytes]:
     ca_cert = x509.load_pem_x509_certificate(ca_cert_pem)
     ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     key = _key()
-    names = dns_names(service, namespace)
+    dns = names.dns()
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns]
+    sans += [x509.IPAddress(ip) for ip in names.ip_addresses()]
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[2])]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns[2])]))
         .issuer_name(ca_cert.subject).public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, key_cert_sign=False,
                                      crl_sign=False, content_commitment=False, data_encipherment=False,
@@ -84,7 +119,7 @@ def make_serving(ca_cert_pem: bytes, ca_key_pem: bytes, service: str, namespace:
     return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
 
 
-def needs_renewal(cert_pem: bytes, service: str, namespace: str, renew_before_days: int, now: dt.datetime,
+def needs_renewal(cert_pem: bytes, names: Names, renew_before_days: int, now: dt.datetime,
                   ca_cert_pem: bytes) -> str | None:
     """Why the serving certificate must be reissued, or None when it is fine as it is."""
     try:
@@ -95,44 +130,98 @@ def needs_renewal(cert_pem: bytes, service: str, namespace: str, renew_before_da
     if cert.issuer != ca.subject:
         return "not issued by this CA"
     try:
-        sans = set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-                   .get_values_for_type(x509.DNSName))
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return "no subjectAltName"
-    if not set(dns_names(service, namespace)) <= sans:
+    if not set(names.dns()) <= set(san.get_values_for_type(x509.DNSName)):
         return "names do not match the service"
+    if not set(names.ip_addresses()) <= set(san.get_values_for_type(x509.IPAddress)):
+        return "IP addresses do not match"
     if cert.not_valid_after_utc - now <= dt.timedelta(days=renew_before_days):
         return f"expires {cert.not_valid_after_utc:%Y-%m-%d}, within {renew_before_days} days"
     return None
 
 
-def ensure(out: Path, service: str, namespace: str, days: int, renew_before_days: int,
-           now: dt.datetime | None = None) -> tuple[Material, list[str]]:
-    """Create or renew what is missing or stale under ``out``; returns the material and what changed."""
-    now = now or dt.datetime.now(dt.UTC)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {n: out / n for n in ("ca.crt", "ca.key", "tls.crt", "tls.key")}
+def _expired(pem: bytes, now: dt.datetime) -> bool:
+    try:
+        return x509.load_pem_x509_certificate(pem).not_valid_after_utc <= now
+    except ValueError:
+        return True
+
+
+def renew(stored: dict[str, bytes], names: Names, days: int, renew_before_days: int,
+          now: dt.datetime) -> tuple[Material, list[str]]:
+    """What should be stored, given what is (``ca.crt``, ``ca.key``, ``tls.crt``, ``tls.key``,
+    ``ca-previous.crt``; any may be missing), and what changed.
+
+    A CA near its end is replaced, and the old one is kept in ``ca-previous.crt`` until it expires,
+    so the caBundle trusts both while the serving certificates signed by the old one are rotated out.
+    """
     changed: list[str] = []
-    if paths["ca.crt"].exists() and paths["ca.key"].exists():
-        ca_cert, ca_key = paths["ca.crt"].read_bytes(), paths["ca.key"].read_bytes()
-        ca = x509.load_pem_x509_certificate(ca_cert)
-        if ca.not_valid_after_utc - now <= dt.timedelta(days=renew_before_days):
-            changed.append("CA near expiry: new CA (update the caBundle)")
+    ca_cert, ca_key = stored.get("ca.crt", b""), stored.get("ca.key", b"")
+    previous = stored.get("ca-previous.crt", b"")
+    if ca_cert and ca_key:
+        try:
+            ca_end = x509.load_pem_x509_certificate(ca_cert).not_valid_after_utc
+        except ValueError:
+            ca_end = now
+        if ca_end - now <= dt.timedelta(days=renew_before_days):
+            changed.append("CA near expiry: new CA (the old one stays in the caBundle until it expires)")
+            previous = ca_cert if ca_end > now else b""
             ca_cert, ca_key = make_ca(now)
     else:
         ca_cert, ca_key = make_ca(now)
         changed.append("new CA")
-    reason = "missing"
-    if paths["tls.crt"].exists() and paths["tls.key"].exists() and not changed:
-        reason = needs_renewal(paths["tls.crt"].read_bytes(), service, namespace, renew_before_days, now, ca_cert) or ""
+    if previous and _expired(previous, now):
+        previous = b""
+        changed.append("previous CA expired: dropped from the caBundle")
+    cert, key = stored.get("tls.crt", b""), stored.get("tls.key", b"")
+    reason = "missing" if not (cert and key) else needs_renewal(cert, names, renew_before_days, now, ca_cert)
     if reason:
-        cert, key = make_serving(ca_cert, ca_key, service, namespace, days, now)
+        cert, key = make_serving(ca_cert, ca_key, names, days, now)
         changed.append(f"serving certificate issued ({reason})")
-    else:
-        cert, key = paths["tls.crt"].read_bytes(), paths["tls.key"].read_bytes()
-    for name, data in (("ca.crt", ca_cert), ("ca.key", ca_key), ("tls.crt", cert), ("tls.key", key)):
-        if not paths[name].exists() or paths[name].read_bytes() != data:
-            paths[name].write_bytes(data)
-            if name.endswith(".key"):
-                paths[name].chmod(0o600)
-    return Material(ca_cert, ca_key, cert, key), changed
+    return Material(ca_cert, ca_key, cert, key, previous), changed
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` in one step: a reader sees the old file or the new one, never a part, and a
+    private key is never readable by others, not even for a moment."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_pair(cert_path: Path, key_path: Path, cert: bytes, key: bytes) -> None:
+    """Write a certificate and its key so that a reloader never pairs a new certificate with an
+    old key for long: the key first (a new key with the old certificate fails to load and is
+    retried; the serving context keeps the last good pair), then the certificate."""
+    write_atomic(key_path, key, 0o600)
+    write_atomic(cert_path, cert, 0o644)
+
+
+FILES = ("ca.crt", "ca.key", "tls.crt", "tls.key", "ca-previous.crt")
+
+
+def ensure(out: Path, names: Names, days: int, renew_before_days: int,
+           now: dt.datetime | None = None) -> tuple[Material, list[str]]:
+    """Create or renew what is missing or stale under ``out``; returns the material and what changed."""
+    now = now or dt.datetime.now(dt.UTC)
+    out.mkdir(parents=True, exist_ok=True)
+    stored = {n: (out / n).read_bytes() for n in FILES if (out / n).exists()}
+    material, changed = renew(stored, names, days, renew_before_days, now)
+    for name, data in material.files().items():
+        if stored.get(name) != data and name not in ("tls.crt", "tls.key"):
+            write_atomic(out / name, data, 0o600 if name.endswith(".key") else 0o644)
+    if (stored.get("tls.crt"), stored.get("tls.key")) != (material.cert, material.key):
+        write_pair(out / "tls.crt", out / "tls.key", material.cert, material.key)
+    if not material.previous_ca:
+        (out / "ca-previous.crt").unlink(missing_ok=True)
+    return material, changed

@@ -54,7 +54,7 @@ async def serve(args: argparse.Namespace) -> None:
             raise ValueError("--tls-cert and --tls-key go together")
         ssl_ctx = tls_context(args.tls_cert, args.tls_key)
         reloader = CertReloader(ssl_ctx, args.tls_cert, args.tls_key)
-    await serve_until_stopped(app, args.listen, ssl_ctx, reloader, "extender")
+    await serve_until_stopped(app, args.listen, ssl_ctx, reloader, "extender", drain=args.drain)
 
 
 def run(args: argparse.Namespace) -> int:

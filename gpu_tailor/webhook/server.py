@@ -8,16 +8,21 @@ MiB for a pod). TLS material is reloaded when the files change, so cert-manager 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
-from gpu_tailor.serving import add_probes
+from gpu_tailor.certs.authority import Names
+from gpu_tailor.serving import CertReloader, add_probes
 from gpu_tailor.webhook.mutate import decide
 from gpu_tailor.webhook.state import ClusterView
 from gpu_tailor.webhook.wire import AdmissionReview, response
@@ -78,15 +83,47 @@ def cluster_file_ctx(path: str) -> Any:
     return ctx
 
 
-def watch_ctx(kubeconfig: str | None, in_cluster: bool) -> Any:
+@dataclass
+class KeptCerts:
+    """``--certs-secret``: the serving certificate kept in a Secret (``kube.certkeeper``)."""
+
+    ctx: ssl.SSLContext
+    reloader: CertReloader
+    directory: Path
+    names: Names
+    namespace: str
+    secret: str
+    webhook_config: str
+    days: int
+    renew_before_days: int
+    interval: float
+
+
+def watch_ctx(kubeconfig: str | None, in_cluster: bool, kept: KeptCerts | None = None) -> Any:
+    """The API client's life: the node watch, and with ``kept`` the certificate keeper, whose first
+    sync completes before the server listens (startup runs before the site starts)."""
+
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         from kubernetes_asyncio import client
 
+        from gpu_tailor.kube.certkeeper import ApiCertStore, CertKeeper
         from gpu_tailor.kube.watch import list_and_watch, watching
 
         view = app[VIEW]
         async with watching(kubeconfig, in_cluster,
-                            lambda api: [list_and_watch(client.CoreV1Api(api).list_node, view.reset, view.apply)]):
-            yield
+                            lambda api: [list_and_watch(client.CoreV1Api(api).list_node, view.reset,
+                                                        view.apply)]) as api:
+            if kept is None:
+                yield
+                return
+            store = ApiCertStore(api, kept.namespace, kept.secret, kept.webhook_config)
+            keeper = CertKeeper(store, kept.names, kept.directory, kept.reloader, kept.days, kept.renew_before_days)
+            await keeper.start()
+            task = asyncio.create_task(keeper.run(kept.interval))
+            try:
+                yield
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     return ctx

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import base64
 import datetime as dt
 from pathlib import Path
@@ -12,8 +11,9 @@ import yaml
 from cryptography import x509
 
 from gpu_tailor.certs.__main__ import run as certs_run
+from gpu_tailor.cli import build_parser
 from gpu_tailor.certs.__main__ import webhook_configuration
-from gpu_tailor.certs.authority import ensure, needs_renewal
+from gpu_tailor.certs.authority import Names, ensure, needs_renewal
 from gpu_tailor.webhook.config import ConfigError, load_policy, parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,23 +45,29 @@ def test_policy_defaults_and_missing_file(tmp_path: Path) -> None:
 
 def test_certs_are_idempotent_and_renew_keeping_the_ca(tmp_path: Path) -> None:
     now = dt.datetime(2026, 11, 21, tzinfo=dt.UTC)
-    m1, changed = ensure(tmp_path, "svc", "ns", days=90, renew_before_days=30, now=now)
+    m1, changed = ensure(tmp_path, Names("svc", "ns"), days=90, renew_before_days=30, now=now)
     assert changed == ["new CA", "serving certificate issued (missing)"]
-    m2, changed = ensure(tmp_path, "svc", "ns", days=90, renew_before_days=30, now=now + dt.timedelta(days=10))
+    m2, changed = ensure(tmp_path, Names("svc", "ns"), days=90, renew_before_days=30, now=now + dt.timedelta(days=10))
     assert changed == [] and m2 == m1
-    m3, changed = ensure(tmp_path, "svc", "ns", days=90, renew_before_days=30, now=now + dt.timedelta(days=70))
+    m3, changed = ensure(tmp_path, Names("svc", "ns"), days=90, renew_before_days=30, now=now + dt.timedelta(days=70))
     assert m3.ca_cert == m1.ca_cert and m3.cert != m1.cert
     assert "within 30 days" in changed[0]
     cert = x509.load_pem_x509_certificate(m3.cert)
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
     assert sans == ["svc", "svc.ns", "svc.ns.svc", "svc.ns.svc.cluster.local"]
-    assert needs_renewal(m3.cert, "other", "ns", 30, now, m3.ca_cert) == "names do not match the service"
+    assert needs_renewal(m3.cert, Names("other", "ns"), 30, now, m3.ca_cert) == "names do not match the service"
 
 
 def test_certs_command_writes_secret_and_ca_bundle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = argparse.Namespace(service="gpu-tailor-webhook", namespace="gpu-tailor", out=str(tmp_path), days=365,
-                              renew_before=30)
+    args = build_parser().parse_args(["certs", "--out", str(tmp_path), "--ip", "127.0.0.1", "--host", "hooks.local"])
     assert certs_run(args) == 0
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert "hooks.local" in san.get_values_for_type(x509.DNSName)
+    # the private key and the Secret that carries it are never readable by others
+    assert (tmp_path / "tls.key").stat().st_mode & 0o077 == 0
+    assert (tmp_path / "secret.yaml").stat().st_mode & 0o077 == 0
     secret = yaml.safe_load((tmp_path / "secret.yaml").read_text())
     assert secret["type"] == "kubernetes.io/tls" and secret["metadata"]["name"] == "gpu-tailor-webhook-tls"
     hook = yaml.safe_load((tmp_path / "mutatingwebhookconfiguration.yaml").read_text())["webhooks"][0]
@@ -85,3 +91,32 @@ def test_kustomization_lists_existing_files() -> None:
     for res in kust["resources"]:
         docs = list(yaml.safe_load_all((base / res).read_text()))
         assert all(d["apiVersion"] and d["kind"] for d in docs)
+
+
+def test_certs_command_refuses_a_bad_ip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert certs_run(build_parser().parse_args(["certs", "--out", str(tmp_path), "--ip", "300.1.1.1"])) == 2
+    assert "--ip" in capsys.readouterr().err
+    assert not (tmp_path / "tls.key").exists()
+
+
+def test_a_new_ip_or_host_reissues_the_serving_certificate_under_the_same_ca(tmp_path: Path) -> None:
+    m1, _ = ensure(tmp_path, Names("svc", "ns"), days=90, renew_before_days=30)
+    m2, changed = ensure(tmp_path, Names("svc", "ns", ips=("127.0.0.1",)), days=90, renew_before_days=30)
+    assert changed == ["serving certificate issued (IP addresses do not match)"]
+    assert m2.ca_cert == m1.ca_cert and m2.cert != m1.cert
+
+
+def test_ca_rotation_keeps_the_old_ca_trusted_until_it_expires(tmp_path: Path) -> None:
+    now = dt.datetime(2026, 11, 21, tzinfo=dt.UTC)
+    m1, _ = ensure(tmp_path, Names("svc", "ns"), days=90, renew_before_days=30, now=now)
+    near_end = now + dt.timedelta(days=3650 - 20)
+    m2, changed = ensure(tmp_path, Names("svc", "ns"), days=90, renew_before_days=30, now=near_end)
+    assert changed[0].startswith("CA near expiry") and m2.ca_cert != m1.ca_cert
+    assert m2.previous_ca == m1.ca_cert and m2.ca_bundle() == m2.ca_cert + m1.ca_cert
+    assert (tmp_path / "ca-previous.crt").read_bytes() == m1.ca_cert
+    # the new serving certificate is signed by the new CA
+    assert needs_renewal(m2.cert, Names("svc", "ns"), 30, near_end, m2.ca_cert) is None
+    m3, changed = ensure(tmp_path, Names("svc", "ns"), days=90, renew_before_days=30,
+                         now=now + dt.timedelta(days=3651))
+    assert "previous CA expired: dropped from the caBundle" in changed
+    assert m3.ca_bundle() == m2.ca_cert and not (tmp_path / "ca-previous.crt").exists()

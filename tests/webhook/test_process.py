@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from gpu_tailor.certs.authority import ensure
+from gpu_tailor.certs.authority import Names, ensure
 from tests.conftest import FIXTURES, review_fixture
 
 
@@ -30,7 +30,7 @@ def write_cluster_file(path: Path) -> None:
 
 
 async def test_webhook_process_answers_fixture_reviews_over_tls_and_stops_on_sigterm(tmp_path: Path) -> None:
-    ensure(tmp_path, "gpu-tailor-webhook", "gpu-tailor", days=30, renew_before_days=7)
+    ensure(tmp_path, Names("gpu-tailor-webhook", "gpu-tailor"), days=30, renew_before_days=7)
     write_cluster_file(tmp_path / "cluster.json")
     port = free_port()
     proc = await asyncio.create_subprocess_exec(

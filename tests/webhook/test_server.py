@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpu_tailor.certs.authority import ensure
+from gpu_tailor.certs.authority import Names, ensure
 from gpu_tailor.serving import CertReloader, tls_context
 from gpu_tailor.webhook.config import Policy
 from gpu_tailor.webhook.server import MAX_BODY, make_app
@@ -97,7 +97,7 @@ async def test_probes_and_metrics() -> None:
 
 
 async def test_real_tls_with_a_ca_from_gpu_tailor_certs(tmp_path: Path) -> None:
-    ensure(tmp_path, "gpu-tailor-webhook", "gpu-tailor", days=30, renew_before_days=7)
+    ensure(tmp_path, Names("gpu-tailor-webhook", "gpu-tailor"), days=30, renew_before_days=7)
     ctx = tls_context(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
     runner = web.AppRunner(make_app(ready_view()))
     await runner.setup()
@@ -115,7 +115,7 @@ async def test_real_tls_with_a_ca_from_gpu_tailor_certs(tmp_path: Path) -> None:
                 assert (await resp.json())["response"]["allowed"] is True
         # a client that trusts another CA is refused
         other = tmp_path / "other"
-        ensure(other, "x", "y", days=30, renew_before_days=7)
+        ensure(other, Names("x", "y"), days=30, renew_before_days=7)
         bad_ctx = ssl.create_default_context(cafile=str(other / "ca.crt"))
         conn = aiohttp.TCPConnector(ssl=bad_ctx, resolver=StaticResolver(resolver))
         async with aiohttp.ClientSession(connector=conn) as session:
@@ -126,12 +126,12 @@ async def test_real_tls_with_a_ca_from_gpu_tailor_certs(tmp_path: Path) -> None:
 
 
 def test_certificate_rotation_reloads_the_live_context(tmp_path: Path) -> None:
-    ensure(tmp_path, "svc", "ns", days=30, renew_before_days=7)
+    ensure(tmp_path, Names("svc", "ns"), days=30, renew_before_days=7)
     ctx = tls_context(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
     reloader = CertReloader(ctx, str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
     assert reloader.check() is False
     (tmp_path / "tls.crt").unlink()
-    _, changed = ensure(tmp_path, "svc", "ns", days=30, renew_before_days=7)
+    _, changed = ensure(tmp_path, Names("svc", "ns"), days=30, renew_before_days=7)
     assert any("serving certificate issued" in c for c in changed)
     import os
     os.utime(tmp_path / "tls.crt", (1, 1))  # a distinct mtime even on coarse clocks
