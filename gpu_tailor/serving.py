@@ -130,13 +130,13 @@ async def serve_until_stopped(app: web.Application, listen: str, ssl_ctx: ssl.SS
     not ready at once, still serving for ``drain`` seconds, then in-flight requests get ``grace``
     seconds to finish."""
     host, port = split_listen(listen)
-    runner = web.AppRunner(app)
+    loop = asyncio.get_running_loop()
+    runner = web.AppRunner(app, shutdown_timeout=grace)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port, ssl_context=ssl_ctx, shutdown_timeout=grace).start()
+        await web.TCPSite(runner, host, port, ssl_context=ssl_ctx).start()
         log.info("%s serving %s://%s:%d", what, "https" if ssl_ctx else "http", host, port)
         stop = stop or asyncio.Event()
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         rotation = asyncio.create_task(reloader.run()) if reloader is not None else None
@@ -151,6 +151,8 @@ async def serve_until_stopped(app: web.Application, listen: str, ssl_ctx: ssl.SS
         finally:
             if rotation is not None:
                 rotation.cancel()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
     finally:
         await runner.cleanup()
     log.info("%s stopped", what)

@@ -109,8 +109,8 @@ class CertKeeper:
             return
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         write_pair(self.cert_path, self.key_path, material.cert, material.key)
+        self.reloader.load()  # raises if the Secret's pair does not load; the live context keeps the last good one
         self.material = material
-        self.reloader.load()  # raises if the Secret's pair does not load: then we are not ready
 
     async def start(self, deadline: float = 60.0) -> None:
         """The first sync, retried with backoff: the webhook cannot listen without a certificate.

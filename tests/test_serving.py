@@ -1,0 +1,98 @@
+"""The graceful stop both services share: not ready first, still serving while endpoints catch up,
+then requests in flight finish before the process exits."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from gpu_tailor.serving import add_probes, serve_until_stopped
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Slow:
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def handler(self, request: web.Request) -> web.Response:
+        self.entered.set()
+        await self.release.wait()
+        return web.Response(text="done")
+
+
+def app_with(slow: Slow) -> web.Application:
+    app = web.Application()
+    app.router.add_get("/slow", slow.handler)
+    registry = CollectorRegistry()
+    add_probes(app, lambda a: True, "never", lambda a: registry)
+    return app
+
+
+async def until_listening(session: aiohttp.ClientSession, base: str) -> None:
+    for _ in range(200):  # bounded: the site starts within a few event-loop turns
+        try:
+            async with session.get(f"{base}/healthz") as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(0.01)
+    raise AssertionError("server never listened")
+
+
+async def test_stop_turns_readiness_off_but_keeps_serving_during_the_drain() -> None:
+    slow, stop, port = Slow(), asyncio.Event(), free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = asyncio.create_task(serve_until_stopped(app_with(slow), f"127.0.0.1:{port}", None, None, "test",
+                                                     drain=30.0, grace=5.0, stop=stop))
+    async with aiohttp.ClientSession() as session:
+        await until_listening(session, base)
+        async with session.get(f"{base}/readyz") as resp:
+            assert resp.status == 200
+        stop.set()
+        await asyncio.sleep(0)  # let the server see the stop
+        async with session.get(f"{base}/readyz") as resp:
+            assert resp.status == 503 and await resp.text() == "shutting down"
+        async with session.get(f"{base}/healthz") as resp:  # still alive and serving
+            assert resp.status == 200
+    server.cancel()
+    await asyncio.gather(server, return_exceptions=True)
+
+
+async def test_requests_in_flight_finish_after_the_listener_closes() -> None:
+    slow, stop, port = Slow(), asyncio.Event(), free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = asyncio.create_task(serve_until_stopped(app_with(slow), f"127.0.0.1:{port}", None, None, "test",
+                                                     drain=0.0, grace=10.0, stop=stop))
+    async with aiohttp.ClientSession() as session:
+        await until_listening(session, base)
+        in_flight = asyncio.create_task(session.get(f"{base}/slow"))
+        await slow.entered.wait()
+        stop.set()
+        # the listener closes while the request is still held
+        for _ in range(500):
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                await writer.wait_closed()
+                await asyncio.sleep(0.01)
+            except OSError:
+                break
+        else:
+            raise AssertionError("the listener never closed")
+        assert not server.done()
+        slow.release.set()
+        resp = await in_flight
+        assert resp.status == 200 and await resp.text() == "done"
+        resp.release()
+    await asyncio.wait_for(server, 10)
