@@ -3,6 +3,7 @@ concurrency (a write at a stale resourceVersion is a Conflict)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ssl
 from pathlib import Path
@@ -63,10 +64,8 @@ def handshake(server: ssl.SSLContext, bundle: bytes, host: str = "127.0.0.1") ->
     s = server.wrap_bio(s_in, s_out, server_side=True)
     for _ in range(10):
         for end in (c, s):
-            try:
+            with contextlib.suppress(ssl.SSLWantReadError):
                 end.do_handshake()
-            except ssl.SSLWantReadError:
-                pass
         s_in.write(c_out.read())
         c_in.write(s_out.read())
         try:
