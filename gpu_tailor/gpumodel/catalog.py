@@ -128,7 +128,7 @@ def _nominal_memory_bytes(c: Candidate) -> int:
     ask although the driver reports 9.75 GiB): users size by the name, so the name counts."""
     if c.kind is BackingKind.MIG and c.backing.startswith("mig-"):
         name = c.backing.split(":", 1)[0][len("mig-"):]
-        gb = name.split(".", 1)[1].removesuffix("+me").removesuffix("gb") if "." in name else ""
+        gb = name.split(".", 1)[1].removesuffix("gb") if "." in name else ""
         if gb.isdigit():
             return max(c.memory_mib * MIB, int(gb) * 1024 * MIB)
     return c.memory_mib * MIB

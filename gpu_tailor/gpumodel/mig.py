@@ -1,9 +1,14 @@
 """MIG profiles of every MIG-capable GPU we support, and their valid placements.
 
-A MIG profile ``<g>g.<m>gb[+me]`` takes ``g`` compute slices (of 7, or of 4 on the A30) and a number of
-memory slices; ``+me`` adds the media engines and can exist once per GPU. Placements are given in
-memory-slice units as the NVIDIA MIG user guide lists them (``nvidia-smi mig -lgipp``): a profile may
-start at any listed slot and occupies ``span`` slots.
+A MIG profile ``<g>g.<m>gb`` takes ``g`` compute slices (of 7, or of 4 on the A30) and a number of
+memory slices. Placements are given in memory-slice units as the NVIDIA MIG user guide lists them
+(``nvidia-smi mig -lgipp``): a profile may start at any listed slot and occupies ``span`` slots.
+
+The ``+me`` variants (``1g.10gb+me``: the same slices plus the media engines) are not profiles here.
+``+`` is not allowed in a Kubernetes resource name or label, and the NVIDIA device plugin sells such an
+instance under the plain profile's resource (``nvidia.com/mig-1g.10gb``; NVIDIA/k8s-device-plugin
+issue 1462), so a cluster never shows a ``+me`` name. Its geometry is the plain profile's, so counting
+it as one is right.
 
 Node labels are the truth when present: memory per profile (``nvidia.com/mig-<p>.memory``) and even
 profile names differ between SKUs and driver versions (``7g.79gb`` on some A100-80GB, ``1g.12gb`` on
@@ -17,12 +22,13 @@ from dataclasses import dataclass
 
 from gpu_tailor.gpumodel.quantity import MIB
 
-_PROFILE_NAME = re.compile(r"^(?P<g>[1-9][0-9]*)g\.(?P<m>[0-9]+)gb(?P<me>\+me)?$")
+# Bounded so that ``nvidia.com/mig-<name>.shared`` always stays within a resource name's 63 characters.
+_PROFILE_NAME = re.compile(r"^(?P<g>[1-9][0-9]?)g\.(?P<m>[0-9]{1,5})gb$")
 
 
 @dataclass(frozen=True, slots=True)
 class MigProfile:
-    name: str  # "1g.10gb", "1g.10gb+me"
+    name: str  # "1g.10gb"
     compute_slices: int  # g
     total_compute_slices: int  # 7 (4 on A30)
     memory_mib: int  # nominal usable memory, MiB
@@ -36,10 +42,6 @@ class MigProfile:
         return self.compute_slices / self.total_compute_slices
 
     @property
-    def media_extensions(self) -> bool:
-        return self.name.endswith("+me")
-
-    @property
     def memory_bytes(self) -> int:
         return self.memory_mib * MIB
 
@@ -48,15 +50,15 @@ class MigProfile:
 class ProfileName:
     compute_slices: int
     memory_gb: int
-    media_extensions: bool
 
 
 def parse_profile_name(name: str) -> ProfileName | None:
-    """``2g.20gb`` -> (2, 20, False); None when the string is not a MIG profile name."""
+    """``2g.20gb`` -> (2, 20); None when the string is not a MIG profile name (``1g.10gb+me`` is not:
+    see the module notes)."""
     m = _PROFILE_NAME.match(name)
     if m is None:
         return None
-    return ProfileName(int(m["g"]), int(m["m"]), m["me"] is not None)
+    return ProfileName(int(m["g"]), int(m["m"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,16 +77,15 @@ class MigSku:
         return None
 
     def resolve(self, name: str) -> MigProfile | None:
-        """The profile ``name``; also label-only names (``7g.79gb``), matched by compute slices and
-        +me, so a driver's renamed memory size still resolves to the right geometry."""
+        """The profile ``name``; also label-only names (``7g.79gb``), matched by compute slices,
+        so a driver's renamed memory size still resolves to the right geometry."""
         exact = self.profile(name)
         if exact is not None:
             return exact
         parsed = parse_profile_name(name)
         if parsed is None:
             return None
-        candidates = [p for p in self.profiles
-                      if p.compute_slices == parsed.compute_slices and p.media_extensions == parsed.media_extensions]
+        candidates = [p for p in self.profiles if p.compute_slices == parsed.compute_slices]
         if not candidates:
             return None
         # Two 1g profiles differ by memory: take the one whose nominal GB is closest to the name's.
@@ -93,9 +94,9 @@ class MigSku:
                           best.max_instances, best.placements, best.span)
 
 
-def _p(sku_mem_mib: int, slices: int, g: int, gb: int, me: bool, mem_slices: int, starts: tuple[int, ...],
+def _p(sku_mem_mib: int, slices: int, g: int, gb: int, mem_slices: int, starts: tuple[int, ...],
        max_instances: int, total_g: int = 7) -> MigProfile:
-    name = f"{g}g.{gb}gb" + ("+me" if me else "")
+    name = f"{g}g.{gb}gb"
     memory = sku_mem_mib * mem_slices // slices
     return MigProfile(name, g, total_g, memory, max_instances, starts, mem_slices)
 
@@ -108,13 +109,12 @@ def _seven_slice_sku(key: str, products: tuple[str, ...], memory_mib: int,
     """
     one, one_big, two, three, seven = gbs
     profiles = (
-        _p(memory_mib, 8, 1, one, False, 1, (0, 1, 2, 3, 4, 5, 6), 7),
-        _p(memory_mib, 8, 1, one, True, 1, (0, 1, 2, 3, 4, 5, 6), 1),
-        _p(memory_mib, 8, 1, one_big, False, 2, (0, 2, 4, 6), 4),
-        _p(memory_mib, 8, 2, two, False, 2, (0, 2, 4), 3),
-        _p(memory_mib, 8, 3, three, False, 4, (0, 4), 2),
-        _p(memory_mib, 8, 4, three, False, 4, (0,), 1),
-        _p(memory_mib, 8, 7, seven, False, 8, (0,), 1),
+        _p(memory_mib, 8, 1, one, 1, (0, 1, 2, 3, 4, 5, 6), 7),
+        _p(memory_mib, 8, 1, one_big, 2, (0, 2, 4, 6), 4),
+        _p(memory_mib, 8, 2, two, 2, (0, 2, 4), 3),
+        _p(memory_mib, 8, 3, three, 4, (0, 4), 2),
+        _p(memory_mib, 8, 4, three, 4, (0,), 1),
+        _p(memory_mib, 8, 7, seven, 8, (0,), 1),
     )
     return MigSku(key, products, memory_mib, 8, 7, profiles)
 
@@ -134,11 +134,9 @@ A30_24GB = MigSku(
     4,
     4,
     (
-        _p(24576, 4, 1, 6, False, 1, (0, 1, 2, 3), 4, total_g=4),
-        _p(24576, 4, 1, 6, True, 1, (0, 1, 2, 3), 1, total_g=4),
-        _p(24576, 4, 2, 12, False, 2, (0, 2), 2, total_g=4),
-        _p(24576, 4, 2, 12, True, 2, (0, 2), 1, total_g=4),
-        _p(24576, 4, 4, 24, False, 4, (0,), 1, total_g=4),
+        _p(24576, 4, 1, 6, 1, (0, 1, 2, 3), 4, total_g=4),
+        _p(24576, 4, 2, 12, 2, (0, 2), 2, total_g=4),
+        _p(24576, 4, 4, 24, 4, (0,), 1, total_g=4),
     ),
 )
 

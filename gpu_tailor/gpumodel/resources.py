@@ -5,8 +5,13 @@ Forms (the device plugin's, see its README and the GPU operator docs):
 * ``nvidia.com/gpu``                  whole GPUs, or single-strategy MIG devices, or replicas of a
                                       shared GPU when ``renameByDefault`` is off
 * ``nvidia.com/gpu.shared``           replicas of a time-sliced / MPS GPU with ``renameByDefault``
-* ``nvidia.com/mig-<g>g.<m>gb[+me]``  a MIG device of one profile (mixed strategy)
+* ``nvidia.com/mig-<g>g.<m>gb``       a MIG device of one profile (mixed strategy)
 * ``nvidia.com/mig-<profile>.shared`` replicas of a shared MIG device (renamed)
+
+There is no ``nvidia.com/mig-<profile>+me``: ``+`` is not allowed in a resource name (the API server
+and kube-scheduler's config validation refuse it), and the device plugin counts ``+me`` instances in
+the plain profile's resource (see ``mig``). Every name gpu-tailor writes is a valid qualified
+resource name (``tests/gpumodel/test_names.py`` checks them all).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ class ResourceKind(StrEnum):
     MIG = "mig"
 
 
-_MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(?P<profile>[0-9]+g\.[0-9]+gb(?:\+me)?)(?P<shared>\.shared)?$")
+_MIG_RESOURCE = re.compile(r"^nvidia\.com/mig-(?P<profile>[0-9]+g\.[0-9]+gb)(?P<shared>\.shared)?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +37,7 @@ class NvidiaResource:
     """A parsed NVIDIA resource name; ``str()`` prints it back exactly."""
 
     kind: ResourceKind
-    mig_profile: str | None = None  # e.g. "1g.10gb", "1g.10gb+me"
+    mig_profile: str | None = None  # e.g. "1g.10gb"
     shared: bool = False
 
     def __str__(self) -> str:

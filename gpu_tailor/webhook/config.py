@@ -72,7 +72,12 @@ class DeclaredOffering(BaseModel):
             if mig.profile_for(self.product, self.migProfile) is None:
                 sku = mig.sku_for_product(self.product)
                 known = ", ".join(p.name for p in sku.profiles) if sku else "none: not a MIG-capable product"
-                raise ValueError(f"unknown MIG profile {self.migProfile!r} for {self.product} (known: {known})")
+                hint = ""
+                if "+me" in self.migProfile:
+                    # '+' is not allowed in a resource name: the device plugin sells +me instances as the plain profile
+                    plain = f"{labels.MIG_LABEL_PREFIX}{self.migProfile.replace('+me', '')}"
+                    hint = f"; +me instances are sold as {plain}, so declare that profile"
+                raise ValueError(f"unknown MIG profile {self.migProfile!r} for {self.product} (known: {known}){hint}")
         elif self.migProfile:
             raise ValueError(f"migProfile is only for backing mig, not {self.backing}")
         if self.backing in ("time-slicing", "mps") and self.replicas is None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from gpu_tailor.extender.server import make_app
@@ -43,12 +46,65 @@ def test_scheduler_config_profile_and_extender() -> None:
 
 def test_every_nvidia_resource_we_model_is_managed() -> None:
     ext = scheduler_config()["extenders"][0]
-    managed = {m["name"] for m in ext["managedResources"]}
+    names = [m["name"] for m in ext["managedResources"]]
     profiles = {p.name for s in mig.SKUS for p in s.profiles}
     expected = {"nvidia.com/gpu", "nvidia.com/gpu.shared"}
     expected |= {f"nvidia.com/mig-{p}{sfx}" for p in profiles for sfx in ("", ".shared")}
-    assert managed == expected
+    assert len(names) == len(set(names)) and set(names) == expected  # v1.28.7 refuses duplicates too
+    assert not [n for n in names if "+" in n]  # '+me' is no resource name: the scheduler refused it
+
+
+def test_kube_scheduler_counts_the_gpu_resources_too() -> None:
+    # ignoredByScheduler: true would blind DefaultPreemption to GPUs (its dry run runs the in-tree
+    # filters only, finds no GPU victim and never asks the extender's preempt): see the config's comment
+    ext = scheduler_config()["extenders"][0]
     assert all(m["ignoredByScheduler"] is False for m in ext["managedResources"])
+    assert "preemptVerb" in ext
+
+
+def test_client_connection_lifts_the_default_rate_limit() -> None:
+    conn = scheduler_config()["clientConnection"]
+    assert conn == {"qps": 500, "burst": 1000}  # no kubeconfig: in-cluster service account
+
+
+def _kube_scheduler() -> Path:
+    """The v1.28.7 kube-scheduler from ../shared/k8s (or $GPU_TAILOR_K8S_DIR), unpacked once."""
+    script = Path(os.environ.get("GPU_TAILOR_K8S_DIR") or ROOT.parent / "shared" / "k8s") / "control-plane.sh"
+    if not script.is_file():
+        pytest.skip(f"no kube-scheduler to check the config with: {script} is absent")
+    out = subprocess.run(["bash", str(script), "bin"], capture_output=True, text=True, check=True, timeout=600)
+    return Path(out.stdout.strip().splitlines()[-1]) / "kube-scheduler"
+
+
+def _load_with_kube_scheduler(binary: Path, config: dict[str, Any], work: Path) -> tuple[int, str, dict[str, Any]]:
+    """Run the real config loading and validation (no API server needed): exit code, stderr, config written."""
+    work.mkdir()
+    kubeconfig = work / "kubeconfig"  # kube-scheduler insists on one outside a cluster; it is never dialled
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "unused"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    config = {**config, "clientConnection": {**config.get("clientConnection", {}), "kubeconfig": str(kubeconfig)}}
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    written = work / "written.yaml"
+    # --secure-port=0: serve nothing, so a control plane running beside us does not matter
+    proc = subprocess.run([str(binary), f"--config={work / 'config.yaml'}", "--secure-port=0",
+                           f"--write-config-to={written}"], capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stderr, yaml.safe_load(written.read_text()) if written.exists() else {}
+
+
+def test_kube_scheduler_v1_28_accepts_the_config_and_refuses_a_plus_me_name(tmp_path: Path) -> None:
+    binary = _kube_scheduler()
+    code, err, written = _load_with_kube_scheduler(binary, scheduler_config(), tmp_path / "ours")
+    assert code == 0, err
+    assert (written["clientConnection"]["qps"], written["clientConnection"]["burst"]) == (500, 1000)
+    ours = {m["name"] for m in scheduler_config()["extenders"][0]["managedResources"]}
+    assert {m["name"] for m in written["extenders"][0]["managedResources"]} == ours
+    bad = scheduler_config()
+    bad["extenders"][0]["managedResources"].append({"name": "nvidia.com/mig-1g.10gb+me", "ignoredByScheduler": False})
+    code, err, _ = _load_with_kube_scheduler(binary, bad, tmp_path / "plus-me")
+    assert code != 0 and "nvidia.com/mig-1g.10gb+me: name part must consist" in err
 
 
 def test_sidecar_listens_where_the_scheduler_calls_and_both_mount_what_they_need() -> None:
