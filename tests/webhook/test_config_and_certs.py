@@ -11,9 +11,9 @@ import yaml
 from cryptography import x509
 
 from gpu_tailor.certs.__main__ import run as certs_run
-from gpu_tailor.cli import build_parser
 from gpu_tailor.certs.__main__ import webhook_configuration
 from gpu_tailor.certs.authority import Names, ensure, needs_renewal
+from gpu_tailor.cli import build_parser
 from gpu_tailor.webhook.config import ConfigError, load_policy, parse_policy
 
 ROOT = Path(__file__).resolve().parents[2]
