@@ -1,0 +1,193 @@
+"""The wheel as a user's ``pip install .`` and the container image get it.
+
+The slow tests build the wheel from exactly what the Dockerfile copies, install it into a fresh venv
+with its runtime dependencies only, and check there that everything ``gpu-tailor webhook`` and
+``gpu-tailor extender`` load imports, that the bundled data is in, and that the dev tools and the
+optional matplotlib are not. The fast ones check that .dockerignore lets in what the Dockerfile copies.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# what the wheel build reads: the Dockerfile's builder copies these and .dockerignore keeps only them
+SOURCES = ("pyproject.toml", "README.md", "gpu_tailor")
+SERVICE_MODULES = (
+    "gpu_tailor.cli",
+    "gpu_tailor.serving",
+    "gpu_tailor.webhook.__main__",
+    "gpu_tailor.webhook.server",
+    "gpu_tailor.extender.__main__",
+    "gpu_tailor.extender.server",
+    "gpu_tailor.kube.watch",
+    "gpu_tailor.kube.clusterfile",
+    "gpu_tailor.certs.__main__",
+    "gpu_tailor.certs.authority",
+    # imported inside functions, on the first live list+watch: an import error would show only in a cluster
+    "kubernetes_asyncio.client",
+    "kubernetes_asyncio.config",
+    "kubernetes_asyncio.watch",
+)
+NOT_RUNTIME = ("matplotlib", "pytest", "mypy")
+# what pip prints when it cannot reach the index (its retry warnings), as opposed to a real failure
+UNREACHABLE = re.compile(r"NewConnectionError|Failed to establish a new connection|Temporary failure in name "
+                         r"resolution|Name or service not known|Network is unreachable|ProxyError|ConnectTimeout")
+
+
+@dataclass(frozen=True)
+class Installed:
+    wheel: Path
+    python: Path
+    scripts: Path
+    workdir: Path
+
+
+def clean_env() -> dict[str, str]:
+    """The environment without anything that would put this checkout on the fresh venv's path."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+
+
+def pip(*args: str, cwd: Path) -> None:
+    """Run this interpreter's pip; skip only when it failed because the package index is unreachable."""
+    cmd = [sys.executable, "-m", "pip", *args]
+    env = clean_env() | {"PIP_RETRIES": "2"}  # also reaches the pip that installs the build backend
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode == 0:
+        return
+    output = proc.stdout + proc.stderr
+    hit = UNREACHABLE.search(output)
+    if hit and "No matching distribution found" in output:
+        line = next(ln for ln in output.splitlines() if hit.group() in ln)
+        pytest.skip(f"pip cannot reach the package index: {line.strip()}")
+    pytest.fail(f"{' '.join(cmd)} failed ({proc.returncode}):\n{output}")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    work = tmp_path_factory.mktemp("packaging")
+    src, dist, venv = work / "src", work / "dist", work / "venv"
+    for rel in build_context():  # the files `docker build` would send
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes((ROOT / rel).read_bytes())
+    pip("wheel", "--no-deps", "--prefer-binary", "--wheel-dir", str(dist), str(src), cwd=work)
+    (wheel,) = dist.glob("gpu_tailor-*.whl")
+    # no pip in the venv: the pip running these tests installs into it, so nothing but the wheel and
+    # its runtime dependencies is there (not even pip or setuptools, which the image drops as well)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, env=clean_env())
+    python = venv / "bin" / "python"
+    pip("--python", str(python), "install", "--prefer-binary", "--no-compile", str(wheel), cwd=work)
+    yield Installed(wheel, python, venv / "bin", work)
+
+
+def run_in(inst: Installed, *cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=inst.workdir, env=clean_env(), capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_wheel_carries_the_bundled_nodes_and_trace(installed: Installed) -> None:
+    names = set(zipfile.ZipFile(installed.wheel).namelist())
+    data = ROOT / "gpu_tailor" / "data"
+    nodes = {f"gpu_tailor/data/nodes/{p.name}" for p in (data / "nodes").glob("*.json")}
+    traces = {f"gpu_tailor/data/trace/{p.name}" for p in (data / "trace").glob("*.csv")}
+    assert nodes and traces
+    assert nodes | traces | {"gpu_tailor/py.typed"} <= names
+    assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "manifests/"))]
+
+
+@pytest.mark.slow
+def test_every_module_the_services_load_imports_from_the_fresh_venv(installed: Installed) -> None:
+    check = ("import importlib, pathlib, sys\n"
+             f"for name in {SERVICE_MODULES!r}:\n"
+             "    importlib.import_module(name)\n"
+             "import gpu_tailor\n"
+             "print(pathlib.Path(gpu_tailor.__file__).resolve().is_relative_to(pathlib.Path(sys.prefix).resolve()))\n")
+    proc = run_in(installed, str(installed.python), "-I", "-c", check)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True", "gpu_tailor was imported from outside the fresh venv"
+
+
+@pytest.mark.slow
+def test_dev_tools_and_matplotlib_are_not_runtime_dependencies(installed: Installed) -> None:
+    check = f"import importlib.util\nprint([m for m in {NOT_RUNTIME!r} if importlib.util.find_spec(m)])"
+    proc = run_in(installed, str(installed.python), "-I", "-c", check)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["webhook", "extender"])
+def test_the_console_script_serves_help(installed: Installed, command: str) -> None:
+    proc = run_in(installed, str(installed.scripts / "gpu-tailor"), command, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert f"usage: gpu-tailor {command}" in proc.stdout and "--listen" in proc.stdout
+
+
+@pytest.mark.slow
+def test_simulate_plot_names_the_extra_where_matplotlib_is_missing(installed: Installed) -> None:
+    proc = run_in(installed, str(installed.scripts / "gpu-tailor"), "simulate", "--plot", "out.png")
+    assert proc.returncode == 2
+    assert "--plot needs matplotlib: pip install 'gpu-tailor[plot]'" in proc.stderr
+
+
+# -- the image's build context ------------------------------------------------------------------
+
+
+def dockerignore_rules() -> list[tuple[bool, re.Pattern[str]]]:
+    """.dockerignore as Docker reads it: Go globs (``**`` spans folders), ``!`` re-includes, last match wins."""
+    rules = []
+    for raw in (ROOT / ".dockerignore").read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        glob = line.removeprefix("!").strip("/")
+        regex = "".join(".*" if part == "**" else re.escape(part).replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+                        .replace(r"\[", "[").replace(r"\]", "]") for part in re.split(r"(\*\*)", glob))
+        rules.append((negate, re.compile(regex.replace(".*/", "(.*/)?"))))
+    return rules
+
+
+def ignored(rel: str, rules: list[tuple[bool, re.Pattern[str]]]) -> bool:
+    parts = rel.split("/")
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]  # a match on a folder covers its files
+    verdict = False
+    for negate, regex in rules:
+        if any(regex.fullmatch(p) for p in prefixes):
+            verdict = not negate
+    return verdict
+
+
+def build_context() -> set[str]:
+    """The files ``docker build .`` sends (the exceptions in .dockerignore re-include whole top-level entries)."""
+    rules = dockerignore_rules()
+    kept: set[str] = set()
+    for folder, dirs, files in os.walk(ROOT):
+        base = Path(folder).relative_to(ROOT)
+        dirs[:] = [d for d in dirs if not ignored((base / d).as_posix(), rules)]
+        kept |= {(base / f).as_posix() for f in files if not ignored((base / f).as_posix(), rules)}
+    return kept
+
+
+def test_the_build_context_holds_what_the_wheel_needs_and_no_more() -> None:
+    context = build_context()
+    package = {p.relative_to(ROOT).as_posix() for p in (ROOT / "gpu_tailor").rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert package and package | {"pyproject.toml", "README.md"} == context
+
+
+def test_the_dockerfile_copies_what_the_wheel_build_reads() -> None:
+    copied: list[str] = []
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            copied += line.split()[1:-1]
+    assert sorted(copied) == sorted(SOURCES)
