@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from aiohttp.test_utils import TestServer
 
 from gpu_tailor.extender.server import make_app
 from gpu_tailor.extender.state import ClusterState
@@ -117,6 +119,33 @@ def test_sidecar_listens_where_the_scheduler_calls_and_both_mount_what_they_need
     assert args[args.index("--listen") + 1] == f"127.0.0.1:{port}"
     assert "--config=/etc/gpu-tailor/config.yaml" in containers["kube-scheduler"]["command"]
     assert pod["serviceAccountName"] == "gpu-tailor-scheduler"
+
+
+@pytest.mark.parametrize(("probe", "synced", "exit_code"), [
+    pytest.param("livenessProbe", False, 0, id="alive-before-sync"),
+    pytest.param("readinessProbe", False, 1, id="not-ready-before-sync"),
+    pytest.param("readinessProbe", True, 0, id="ready-after-sync"),
+])
+async def test_exec_probes_pass_exactly_on_http_200(probe: str, synced: bool, exit_code: int) -> None:
+    # the kubelet runs these inside the container; here they run against a real extender on a free port
+    pod = docs("deployment.yaml")[0]["spec"]["template"]["spec"]
+    extender = {c["name"]: c for c in pod["containers"]}["extender"]
+    listen = extender["args"][extender["args"].index("--listen") + 1]
+    command: list[str] = extender[probe]["exec"]["command"]
+    state = ClusterState()
+    state.nodes_synced = state.pods_synced = synced
+    server = TestServer(make_app(state), host="127.0.0.1")
+    await server.start_server()
+    try:
+        port = str(server.port)
+        here = [part.replace(listen, f"127.0.0.1:{port}").replace(listen.replace(":", "/"), f"127.0.0.1/{port}")
+                for part in command]  # an URL or bash's /dev/tcp/HOST/PORT
+        assert here != command, "the probe does not call the --listen address"
+        proc = await asyncio.create_subprocess_exec(*here, stdout=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.DEVNULL)
+        assert await asyncio.wait_for(proc.wait(), 10) == exit_code
+    finally:
+        await server.close()
 
 
 def test_rbac_grants_the_extender_exactly_what_it_calls() -> None:
