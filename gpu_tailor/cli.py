@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--topology", choices=("none", "hgx", "pairs"), default="none",
                     help="GPU interconnect given to 8-GPU nodes")
     si.add_argument("--json", metavar="FILE", help="write the per-run results as JSON")
-    si.add_argument("--plot", metavar="FILE.png", help="write the allocation curve plot here")
+    si.add_argument("--plot", metavar="FILE.png",
+                    help="write the allocation curve plot here (needs: pip install 'gpu-tailor[plot]')")
     si.add_argument("--workers", type=int, default=1, help="parallel runs")
     si.add_argument("--inventory", action="store_true",
                     help="print the parsed GPU inventory of the bundled example nodes and exit")
