@@ -1,0 +1,189 @@
+"""The real control plane (``../shared/k8s/control-plane.sh``) and what the tests put in it: the repo's
+``manifests/`` applied with kubectl, ServiceAccount kubeconfigs, the fixture nodes and two namespaces.
+
+There is no kubelet, so three things are done by hand that a kubelet would do: node status is written
+through the status subresource, the ``not-ready`` taint the API server adds to new nodes is removed,
+and pods are deleted with grace 0 (nothing would ever confirm a graceful deletion).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.e2e.kube import Kube, Obj, api_path, load_kubeconfig, wait_for, write_token_kubeconfig
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE_NODES = REPO / "tests" / "fixtures" / "nodes"
+OPTED_IN = "team-a"  # labelled gpu-tailor.io/enabled=true, as in the captured admission fixtures
+PLAIN = "team-b"  # no label: the webhook must never see its pods
+
+
+def k8s_dir() -> Path:
+    """Where control-plane.sh lives: $GPU_TAILOR_K8S_DIR, else ../shared/k8s beside the repo."""
+    env = os.environ.get("GPU_TAILOR_K8S_DIR")
+    return Path(env) if env else REPO.parent / "shared" / "k8s"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class ControlPlane:
+    """etcd, kube-apiserver, kube-controller-manager and the default kube-scheduler, on free ports."""
+
+    def __init__(self, script: Path, home: Path) -> None:
+        self.script, self.home = script, home
+        self.env = {**os.environ, "K8S_HOME": str(home), "K8S_API_PORT": str(free_port()),
+                    "ETCD_PORT": str(free_port()), "ETCD_PEER_PORT": str(free_port()),
+                    "SCHED_PORT": str(free_port()), "KCM_PORT": str(free_port())}
+        self.env.pop("KUBECONFIG", None)
+        self.logs = home / "run" / "logs"
+        self.kubeconfig = home / "kubeconfig"
+        self.bin = home / "bin"
+
+    def _run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 180) -> str:
+        proc = subprocess.run(["bash", str(self.script), *args], env=env or self.env, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"control-plane.sh {' '.join(args)} failed ({proc.returncode}):\n"
+                               f"{proc.stdout}{proc.stderr}\nlogs: {self.logs}")
+        return proc.stdout
+
+    def up(self) -> None:
+        # The binaries are unpacked once per machine and shared (3 s of xz per session otherwise).
+        cache = Path(tempfile.gettempdir()) / f"gpu-tailor-e2e-bin-{os.getuid()}"
+        shared_bin = Path(self._run("bin", env={**self.env, "K8S_HOME": str(cache)}).strip().splitlines()[-1])
+        self.home.mkdir(parents=True, exist_ok=True)
+        if not self.bin.exists():
+            self.bin.symlink_to(shared_bin, target_is_directory=True)
+        self._run("up")
+
+    def down(self) -> None:
+        self._run("down", env={**self.env, "WIPE": "1"}, timeout=60)
+
+    def kubectl(self, *args: str) -> str:
+        proc = subprocess.run([str(self.bin / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+                              capture_output=True, text=True, timeout=120, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+        return proc.stdout
+
+
+def write_overlay(overlay: Path, webhook_url: str) -> None:
+    """A kustomize overlay of the repo's manifests that changes only what cannot work without a kubelet:
+    the API server calls the webhook at ``webhook_url`` instead of through its Service."""
+    overlay.mkdir(parents=True, exist_ok=True)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(REPO / "manifests", overlay)],
+        "patches": [{
+            "target": {"group": "admissionregistration.k8s.io", "kind": "MutatingWebhookConfiguration",
+                       "name": "gpu-tailor"},
+            "patch": yaml.safe_dump([{"op": "replace", "path": "/webhooks/0/clientConfig",
+                                      "value": {"url": webhook_url}}]),
+        }],
+    }
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What ``kubectl kustomize`` renders, looked up by kind and name."""
+
+    docs: list[Obj]
+
+    def get(self, kind: str, name: str) -> Obj:
+        for d in self.docs:
+            if d.get("kind") == kind and d["metadata"]["name"] == name:
+                return d
+        raise AssertionError(f"manifests render no {kind} {name}")
+
+    def container(self, deployment: str, container: str) -> Obj:
+        spec = self.get("Deployment", deployment)["spec"]["template"]["spec"]
+        for c in spec["containers"]:
+            if c["name"] == container:
+                found: Obj = c
+                return found
+        raise AssertionError(f"Deployment {deployment} has no container {container}")
+
+    def argv(self, deployment: str, container: str) -> list[str]:
+        c = self.container(deployment, container)
+        return [*c.get("command", []), *c.get("args", [])]
+
+    def service_account(self, deployment: str) -> str:
+        sa: str = self.get("Deployment", deployment)["spec"]["template"]["spec"]["serviceAccountName"]
+        return sa
+
+
+def render(cp: ControlPlane, overlay: Path) -> Rendered:
+    return Rendered([d for d in yaml.safe_load_all(cp.kubectl("kustomize", str(overlay))) if d])
+
+
+def service_account_kubeconfig(kube: Kube, cp: ControlPlane, namespace: str, name: str, out: Path) -> Path:
+    """A kubeconfig with a token of the ServiceAccount from the TokenRequest API, so the services run with
+    exactly the RBAC the manifests grant it."""
+    review = kube.create(api_path("serviceaccounts", namespace, name, subresource="token"), {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}})
+    write_token_kubeconfig(out, load_kubeconfig(cp.kubeconfig), f"system:serviceaccount:{namespace}:{name}",
+                           review["status"]["token"])
+    return out
+
+
+def fixture_nodes() -> list[Obj]:
+    return [json.loads(p.read_text()) for p in sorted(FIXTURE_NODES.glob("*.json"))]
+
+
+def install_node(kube: Kube, fixture: Obj) -> None:
+    """Create the node as the fixture shows it: object, then status, then its own taints back."""
+    meta = {k: v for k, v in fixture["metadata"].items()
+            if k not in ("resourceVersion", "uid", "creationTimestamp", "managedFields")}
+    name = meta["name"]
+    kube.create(api_path("nodes"), {"apiVersion": "v1", "kind": "Node", "metadata": meta,
+                                    "spec": copy.deepcopy(fixture.get("spec") or {})})
+    kube.patch(api_path("nodes", name=name, subresource="status"), {"status": fixture["status"]})
+    # The API server taints new nodes node.kubernetes.io/not-ready; no node lifecycle controller clears it.
+    kube.patch(api_path("nodes", name=name), {"spec": {"taints": (fixture.get("spec") or {}).get("taints")}})
+    wait_for(lambda: node_matches(kube.get(api_path("nodes", name=name)), fixture), 30,
+             f"node {name} as in its fixture")
+
+
+def node_matches(node: Obj, fixture: Obj) -> bool:
+    taints = (node.get("spec") or {}).get("taints") or []
+    return (taints == ((fixture.get("spec") or {}).get("taints") or [])
+            and node["status"].get("allocatable") == fixture["status"]["allocatable"])
+
+
+def create_namespace(kube: Kube, name: str, labels: dict[str, str]) -> None:
+    kube.create(api_path("namespaces"), {"apiVersion": "v1", "kind": "Namespace",
+                                         "metadata": {"name": name, "labels": labels}})
+    # Pods are refused until the controller-manager made the namespace's default ServiceAccount.
+    wait_for(lambda: kube.exists(api_path("serviceaccounts", name, "default")), 60,
+             f"ServiceAccount {name}/default")
+
+
+def scheduler_config(rendered: Rendered, extender_port: int, kubeconfig: Path) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration of manifests/scheduler, as rendered, with only the extender's
+    address (a loopback sidecar in the pod, a free port here) and the client's kubeconfig changed."""
+    config: dict[str, Any] = yaml.safe_load(rendered.get("ConfigMap", "gpu-tailor-scheduler")["data"]["config.yaml"])
+    for ext in config.get("extenders") or []:
+        url = ext["urlPrefix"]
+        scheme, rest = url.split("://", 1)
+        hostport, slash, path = rest.partition("/")
+        host = hostport.rsplit(":", 1)[0]
+        assert host in ("127.0.0.1", "localhost"), f"extender {url}: expected the loopback sidecar"
+        ext["urlPrefix"] = f"{scheme}://{host}:{extender_port}{slash}{path}"
+    config.setdefault("clientConnection", {})["kubeconfig"] = str(kubeconfig)
+    return config

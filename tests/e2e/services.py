@@ -1,0 +1,244 @@
+"""gpu-tailor's webhook and extender, and a second kube-scheduler, run as processes against the control plane
+with the arguments and configuration that ``manifests/`` gives their containers.
+
+Only what differs between a pod and a process on the test machine is changed: the in-cluster identity
+becomes a kubeconfig holding a token of the same ServiceAccount, listen addresses become free loopback
+ports, and TLS comes from ``webhook_tls``. Each service can be killed and started again.
+"""
+
+from __future__ import annotations
+
+import signal
+import ssl
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import yaml
+
+from tests.e2e.cluster import (
+    OPTED_IN,
+    PLAIN,
+    REPO,
+    ControlPlane,
+    Rendered,
+    create_namespace,
+    fixture_nodes,
+    free_port,
+    install_node,
+    render,
+    scheduler_config,
+    service_account_kubeconfig,
+    write_overlay,
+)
+from tests.e2e.kube import ApiError, Kube, Obj, api_path, wait_for
+from tests.e2e.webhook_tls import webhook_tls_args
+
+GPU_TAILOR = [sys.executable, "-m", "gpu_tailor"]
+SCHEDULER_NAME = "gpu-tailor-scheduler"
+
+
+class Service:
+    """One process, its log file (kept across restarts) and the URL that says it is ready."""
+
+    def __init__(self, name: str, argv: list[str], log: Path, ready_url: str, ready_timeout: float = 60) -> None:
+        self.name, self.argv, self.log, self.ready_url, self.ready_timeout = name, argv, log, ready_url, ready_timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._out: IO[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        assert not self.alive, f"{self.name} is already running"
+        self.starts += 1
+        self._out = self.log.open("ab")
+        self._out.write(f"\n===== start #{self.starts}: {' '.join(self.argv)}\n".encode())
+        self._out.flush()
+        self.proc = subprocess.Popen(self.argv, stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO,
+                                     start_new_session=True)
+        wait_for(self._ready, self.ready_timeout, f"{self.name} ready at {self.ready_url}", interval=0.2,
+                 context=self.tail)
+
+    def _ready(self) -> bool:
+        if self.proc is None or self.proc.poll() is not None:
+            code = self.proc.returncode if self.proc else None
+            raise AssertionError(f"{self.name} exited with code {code} before it was ready\n{self.tail()}")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # a probe, as the kubelet's: no verification
+        try:
+            with urllib.request.urlopen(self.ready_url, timeout=2, context=ctx) as resp:
+                return bool(resp.status == 200)
+        except OSError:  # refused while starting, or 503 until synced (HTTPError is an OSError)
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, no chance to clean up."""
+        self._end(signal.SIGKILL)
+
+    def stop(self) -> None:
+        self._end(signal.SIGTERM)
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    def send(self, sig: signal.Signals) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def _end(self, sig: signal.Signals) -> None:
+        self.send(sig)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as exc:
+            text = [f"(no log: {exc})"]
+        return f"--- {self.name}: last {lines} lines of {self.log}\n" + "\n".join(text)
+
+
+@dataclass
+class Stack:
+    """The control plane with gpu-tailor installed from manifests/ and its three processes running."""
+
+    cp: ControlPlane
+    kube: Kube
+    rendered: Rendered
+    webhook: Service
+    extender: Service
+    scheduler: Service
+    opted_in: str = OPTED_IN
+    plain: str = PLAIN
+
+    @property
+    def services(self) -> list[Service]:
+        return [self.webhook, self.extender, self.scheduler]
+
+    def context(self) -> str:
+        """What a person needs when a test fails: the service logs and where the control plane's are."""
+        tails = "\n".join(s.tail() for s in self.services)
+        return f"{tails}\ncontrol plane logs (etcd, kube-apiserver, kube-scheduler, kcm): {self.cp.logs}"
+
+    def stop(self) -> None:
+        for s in self.services:  # all drain at once
+            s.send(signal.SIGTERM)
+        for s in self.services:
+            s.stop()
+
+    def wait_admission_works(self, timeout: float = 30) -> None:
+        """Until the API server calls the webhook and uses its answer: a dry-run create in the opted-in
+        namespace comes back with the portable ask rewritten."""
+        probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "admission-probe"},
+                 "spec": {"containers": [{"name": "main", "image": "busybox", "resources": {
+                     "limits": {"gpu-tailor.io/gpu-milli": "250"}}}]}}
+
+        def rewritten() -> bool:
+            try:
+                pod = self.kube.create(api_path("pods", self.opted_in), probe, dry_run=True)
+            except ApiError:
+                return False
+            return "gpu-tailor.io/gpu-milli" not in pod["spec"]["containers"][0]["resources"]["limits"]
+
+        wait_for(rewritten, timeout, "the API server to call the webhook (dry-run create rewritten)",
+                 interval=0.2, context=self.context)
+
+    def lease_holder(self) -> str:
+        lease = self.kube.get(api_path("leases", "gpu-tailor", "gpu-tailor-scheduler", group="coordination.k8s.io/v1"))
+        holder: str = lease["spec"].get("holderIdentity") or ""
+        return holder
+
+
+def _replace(argv: list[str], flag: str, new: list[str], takes_value: bool = True) -> list[str]:
+    """``flag VALUE``, ``flag=VALUE`` or a bare ``flag`` replaced by ``new``; it must be there."""
+    for i, arg in enumerate(argv):
+        if arg.startswith(flag + "="):
+            return [*argv[:i], *new, *argv[i + 1:]]
+        if arg == flag:
+            return [*argv[:i], *new, *argv[i + 2 if takes_value else i + 1:]]
+    raise AssertionError(f"{flag} not in the rendered arguments {argv}")
+
+
+def _gpu_tailor_argv(rendered: Rendered, deployment: str, container: str, listen: str, kubeconfig: Path) -> list[str]:
+    argv = rendered.argv(deployment, container)
+    if argv and Path(argv[0]).name == "gpu-tailor":  # the image's entrypoint, if the manifest names it
+        argv = argv[1:]
+    argv = _replace(argv, "--listen", ["--listen", listen])
+    argv = _replace(argv, "--in-cluster", ["--kubeconfig", str(kubeconfig)], takes_value=False)
+    return [*GPU_TAILOR, *argv]
+
+
+def start_stack(cp: ControlPlane, kube: Kube, workdir: Path) -> Stack:
+    webhook_port, extender_port, scheduler_port = free_port(), free_port(), free_port()
+    overlay = workdir / "overlay"
+    write_overlay(overlay, f"https://127.0.0.1:{webhook_port}/mutate")
+    cp.kubectl("apply", "-k", str(overlay))
+    rendered = render(cp, overlay)
+
+    create_namespace(kube, OPTED_IN, {"gpu-tailor.io/enabled": "true"})
+    create_namespace(kube, PLAIN, {})
+    for node in fixture_nodes():
+        install_node(kube, node)
+
+    def identity(deployment: str) -> Path:
+        sa = rendered.service_account(deployment)
+        return service_account_kubeconfig(kube, cp, "gpu-tailor", sa, workdir / f"{sa}.kubeconfig")
+
+    webhook_kc, scheduler_kc = identity("gpu-tailor-webhook"), identity("gpu-tailor-scheduler")
+    webhook_argv = _gpu_tailor_argv(rendered, "gpu-tailor-webhook", "webhook", f"127.0.0.1:{webhook_port}",
+                                    webhook_kc)
+    webhook_argv = webhook_tls_args(webhook_argv, kube, workdir / "webhook-tls")
+    extender_argv = _gpu_tailor_argv(rendered, "gpu-tailor-scheduler", "extender", f"127.0.0.1:{extender_port}",
+                                     scheduler_kc)
+    config_path = workdir / "gpu-tailor-scheduler-config.yaml"
+    config_path.write_text(yaml.safe_dump(scheduler_config(rendered, extender_port, scheduler_kc), sort_keys=False))
+    sched_argv = rendered.argv("gpu-tailor-scheduler", "kube-scheduler")
+    sched_argv = [str(cp.bin / "kube-scheduler"), *_replace(sched_argv[1:], "--config", [f"--config={config_path}"]),
+                  f"--secure-port={scheduler_port}", "--bind-address=127.0.0.1",
+                  f"--authentication-kubeconfig={scheduler_kc}", f"--authorization-kubeconfig={scheduler_kc}"]
+
+    logs = workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    stack = Stack(cp, kube, rendered,
+                  webhook=Service("gpu-tailor webhook", webhook_argv, logs / "webhook.log",
+                                  f"https://127.0.0.1:{webhook_port}/readyz"),
+                  extender=Service("gpu-tailor extender", extender_argv, logs / "extender.log",
+                                   f"http://127.0.0.1:{extender_port}/readyz"),
+                  scheduler=Service("gpu-tailor-scheduler (kube-scheduler)", sched_argv, logs / "kube-scheduler.log",
+                                    f"https://127.0.0.1:{scheduler_port}/healthz"))
+    try:
+        for service in stack.services:
+            service.start()
+        wait_for(stack.lease_holder, 60, "gpu-tailor-scheduler to hold Lease gpu-tailor/gpu-tailor-scheduler",
+                 interval=0.2, context=stack.context)
+        stack.wait_admission_works()
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+def pod_events(kube: Kube, pod: Obj) -> list[str]:
+    """``reason: message`` of the events about a pod, as ``kubectl describe pod`` shows them."""
+    meta = pod["metadata"]
+    return [f"{e.get('reason')}: {e.get('message')}" for e in kube.events(meta["namespace"], "Pod", meta["name"])]
+
+
+
+def failed_scheduling(kube: Kube, pod: Obj) -> list[str]:
+    return [e for e in pod_events(kube, pod) if e.startswith("FailedScheduling: ")]

@@ -1,0 +1,58 @@
+"""Each gpu-tailor service killed (SIGKILL, as a crash or an OOM kill) and started again while the cluster
+keeps working: what the API shows before, during and after."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.kube import ApiError, api_path, wait_for
+from tests.e2e.pods import Pods, gpu_pod, gpus_annotation, limits_of, unique
+from tests.e2e.services import Stack, failed_scheduling
+
+pytestmark = pytest.mark.e2e
+
+HGX = "h100-hgx-0"
+
+
+def test_restarted_extender_never_hands_out_a_gpu_twice(cluster: Stack, pods: Pods) -> None:
+    ns = cluster.opted_in
+    first = pods.wait_bound(pods.create(ns, gpu_pod(unique("before-crash"), {"nvidia.com/gpu": "3"}, node=HGX)))
+    cluster.extender.kill()
+    # While it is down, kube-scheduler cannot ask it (ignorable: false): a GPU pod waits instead of being
+    # bound with no GPUs recorded. (kube-scheduler v1.28 retries such a pod only about a minute later,
+    # so this one is deleted rather than waited for.)
+    waiting = pods.create(ns, gpu_pod(unique("during-crash"), {"nvidia.com/gpu": "1"}, node=HGX))
+    events = wait_for(lambda: failed_scheduling(cluster.kube, waiting), 30,
+                      "kube-scheduler to report the unreachable extender", context=cluster.context)
+    assert "connection refused" in events[0], events
+    assert not pods.get(waiting)["spec"].get("nodeName")
+    pods.delete(ns, waiting["metadata"]["name"])
+
+    cluster.extender.start()
+    # The restarted extender learns the GPUs of the first pod from its annotation.
+    second = pods.wait_bound(pods.create(ns, gpu_pod(unique("after-crash"), {"nvidia.com/gpu": "3"}, node=HGX)))
+    third = pods.wait_bound(pods.create(ns, gpu_pod(unique("after-crash"), {"nvidia.com/gpu": "2"}, node=HGX)))
+    held = [gpus_annotation(p) for p in (first, second, third)]
+    assert [len(g) for g in held] == [3, 3, 2], held
+    assert sorted(g for gpus in held for g in gpus) == list(range(8)), f"a GPU handed out twice: {held}"
+    assert {p["spec"]["nodeName"] for p in (first, second, third)} == {HGX}
+
+
+def test_webhook_down_fails_creates_closed_and_recovers(cluster: Stack, pods: Pods) -> None:
+    ns = cluster.opted_in
+    cluster.webhook.kill()
+    name = unique("while-webhook-down")
+    with pytest.raises(ApiError) as refused:
+        pods.create(ns, gpu_pod(name, {"gpu-tailor.io/gpu-milli": "250"}))
+    # failurePolicy: Fail -- the pod is refused, not let through with an ask nothing can schedule
+    assert refused.value.status == 500
+    assert 'failed calling webhook "pods.gpu-tailor.io"' in refused.value.message
+    assert "connection refused" in refused.value.message
+    assert not cluster.kube.exists(api_path("pods", ns, name))
+    # namespaces that did not opt in do not depend on the webhook
+    pods.create(cluster.plain, gpu_pod(unique("not-opted-in"), {"cpu": "100m"}))
+
+    cluster.webhook.start()
+    # The restarted webhook serves the certificate kept in its Secret, which the caBundle already trusts.
+    created = pods.create(ns, gpu_pod(unique("after-webhook-restart"), {"gpu-tailor.io/gpu-milli": "250"}))
+    assert limits_of(pods.get(created), "main") == {"nvidia.com/gpu": "1"}
