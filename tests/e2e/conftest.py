@@ -31,7 +31,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         cp.up()
         kube = Kube(load_kubeconfig(cp.kubeconfig), workdir / "admin")
-        stack = start_stack(cp, kube, workdir)
+        try:
+            stack = start_stack(cp, kube, workdir)
+        except Exception as exc:
+            exc.add_note(f"logs: control plane {cp.logs}, gpu-tailor {workdir / 'logs'}")
+            raise
         try:
             yield stack
         finally:

@@ -3,7 +3,8 @@ with the arguments and configuration that ``manifests/`` gives their containers.
 
 Only what differs between a pod and a process on the test machine is changed: the in-cluster identity
 becomes a kubeconfig holding a token of the same ServiceAccount, listen addresses become free loopback
-ports, and TLS comes from ``webhook_tls``. Each service can be killed and started again.
+ports, and the webhook's certificate also names 127.0.0.1 (``webhook_tls_args``). Each service can be
+killed and started again.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from tests.e2e.cluster import (
     write_overlay,
 )
 from tests.e2e.kube import ApiError, Kube, Obj, api_path, wait_for
-from tests.e2e.webhook_tls import webhook_tls_args
 
 GPU_TAILOR = [sys.executable, "-m", "gpu_tailor"]
 SCHEDULER_NAME = "gpu-tailor-scheduler"
@@ -174,6 +174,17 @@ def _replace(argv: list[str], flag: str, new: list[str], takes_value: bool = Tru
     raise AssertionError(f"{flag} not in the rendered arguments {argv}")
 
 
+def webhook_tls_args(argv: list[str]) -> list[str]:
+    """The one place that knows how the webhook gets a certificate the API server trusts here. The API server
+    dials https://127.0.0.1:<port>/mutate (the overlay in cluster.py), so the certificate must name that
+    IP. The webhook keeps its CA and certificate in a Secret (``--certs-secret``) and writes the CA into
+    the caBundle itself; the test only asks for the extra IP SAN."""
+    if not any(a == "--certs-secret" or a.startswith("--certs-secret=") for a in argv):
+        raise AssertionError(f"the webhook Deployment's args have no --certs-secret; teach webhook_tls_args how "
+                             f"this webhook gets its certificate: {argv}")
+    return [*argv, "--ip", "127.0.0.1"]
+
+
 def _gpu_tailor_argv(rendered: Rendered, deployment: str, container: str, listen: str, kubeconfig: Path) -> list[str]:
     argv = rendered.argv(deployment, container)
     if argv and Path(argv[0]).name == "gpu-tailor":  # the image's entrypoint, if the manifest names it
@@ -202,7 +213,7 @@ def start_stack(cp: ControlPlane, kube: Kube, workdir: Path) -> Stack:
     webhook_kc, scheduler_kc = identity("gpu-tailor-webhook"), identity("gpu-tailor-scheduler")
     webhook_argv = _gpu_tailor_argv(rendered, "gpu-tailor-webhook", "webhook", f"127.0.0.1:{webhook_port}",
                                     webhook_kc)
-    webhook_argv = webhook_tls_args(webhook_argv, kube, workdir / "webhook-tls")
+    webhook_argv = webhook_tls_args(webhook_argv)
     extender_argv = _gpu_tailor_argv(rendered, "gpu-tailor-scheduler", "extender", f"127.0.0.1:{extender_port}",
                                      scheduler_kc)
     config_path = workdir / "gpu-tailor-scheduler-config.yaml"
@@ -237,6 +248,13 @@ def pod_events(kube: Kube, pod: Obj) -> list[str]:
     """``reason: message`` of the events about a pod, as ``kubectl describe pod`` shows them."""
     meta = pod["metadata"]
     return [f"{e.get('reason')}: {e.get('message')}" for e in kube.events(meta["namespace"], "Pod", meta["name"])]
+
+
+def event_sources(kube: Kube, pod: Obj, reason: str) -> list[str]:
+    """Who reported the pod's events of ``reason`` (the From column of ``kubectl describe pod``)."""
+    meta = pod["metadata"]
+    return [str(e.get("reportingComponent") or (e.get("source") or {}).get("component"))
+            for e in kube.events(meta["namespace"], "Pod", meta["name"]) if e.get("reason") == reason]
 
 
 

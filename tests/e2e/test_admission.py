@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.kube import ApiError, api_path, wait_for
 from tests.e2e.pods import Pods, gpu_pod, limits_of, pod_from_review, requests_of, unique
-from tests.e2e.services import SCHEDULER_NAME, Stack, pod_events
+from tests.e2e.services import SCHEDULER_NAME, Stack, event_sources, pod_events
 
 pytestmark = pytest.mark.e2e
 
@@ -120,6 +120,7 @@ def assert_untouched_and_pending(cluster: Stack, pods: Pods, namespace: str, lab
     events = wait_for(lambda: [e for e in pod_events(cluster.kube, stored) if e.startswith("FailedScheduling")], 30,
                       "the default scheduler's FailedScheduling event", context=cluster.context)
     assert "Insufficient gpu-tailor.io/gpu-milli" in events[0]
+    assert set(event_sources(cluster.kube, stored, "FailedScheduling")) == {"default-scheduler"}
     assert not pods.get(created)["spec"].get("nodeName")
 
 

@@ -38,8 +38,18 @@ def test_restarted_extender_never_hands_out_a_gpu_twice(cluster: Stack, pods: Po
     assert {p["spec"]["nodeName"] for p in (first, second, third)} == {HGX}
 
 
+def certificate_state(cluster: Stack) -> tuple[object, list[str]]:
+    """The Secret the webhook keeps its CA and certificate in, and the caBundle it wrote."""
+    secret = cluster.kube.get(api_path("secrets", "gpu-tailor", "gpu-tailor-webhook-tls"))
+    config = cluster.kube.get(api_path("mutatingwebhookconfigurations", name="gpu-tailor",
+                                       group="admissionregistration.k8s.io/v1"))
+    return secret["data"], [w["clientConfig"].get("caBundle", "") for w in config["webhooks"]]
+
+
 def test_webhook_down_fails_creates_closed_and_recovers(cluster: Stack, pods: Pods) -> None:
     ns = cluster.opted_in
+    before = certificate_state(cluster)
+    assert all(before[1]), "the webhook wrote no caBundle"
     cluster.webhook.kill()
     name = unique("while-webhook-down")
     with pytest.raises(ApiError) as refused:
@@ -56,3 +66,4 @@ def test_webhook_down_fails_creates_closed_and_recovers(cluster: Stack, pods: Po
     # The restarted webhook serves the certificate kept in its Secret, which the caBundle already trusts.
     created = pods.create(ns, gpu_pod(unique("after-webhook-restart"), {"gpu-tailor.io/gpu-milli": "250"}))
     assert limits_of(pods.get(created), "main") == {"nvidia.com/gpu": "1"}
+    assert certificate_state(cluster) == before, "a restart made a new certificate or rewrote the caBundle"

@@ -8,7 +8,7 @@ import pytest
 
 from tests.e2e.kube import Obj, api_path, wait_for
 from tests.e2e.pods import Pods, gpu_pod, gpus_annotation, limits_of, pod_from_review, requests_of, unique
-from tests.e2e.services import SCHEDULER_NAME, Stack, failed_scheduling, pod_events
+from tests.e2e.services import SCHEDULER_NAME, Stack, event_sources, failed_scheduling, pod_events
 
 pytestmark = pytest.mark.e2e
 
@@ -25,22 +25,14 @@ def nvidia_limits(pod: Obj) -> dict[str, int]:
     return out
 
 
-def scheduled_by(cluster: Stack, pod: Obj) -> str:
-    """Which scheduler's ``Scheduled`` event the pod has, as ``kubectl describe`` shows under From."""
-    meta = pod["metadata"]
-    for e in cluster.kube.events(meta["namespace"], "Pod", meta["name"]):
-        if e.get("reason") == "Scheduled":
-            return str(e.get("reportingComponent") or (e.get("source") or {}).get("component"))
-    return ""
-
-
 def assert_bound_where_it_fits(cluster: Stack, pod: Obj, node_name: str) -> Obj:
     node = cluster.kube.get(api_path("nodes", name=node_name))
     for resource, units in nvidia_limits(pod).items():
         assert int(node["status"]["allocatable"].get(resource, "0")) >= units, \
             f"{pod['metadata']['name']} asks {units} {resource}; {node_name} allocates {node['status']['allocatable']}"
     assert pod["spec"]["schedulerName"] == SCHEDULER_NAME
-    assert wait_for(lambda: scheduled_by(cluster, pod), 10, "the Scheduled event") == SCHEDULER_NAME
+    scheduled_by = wait_for(lambda: event_sources(cluster.kube, pod, "Scheduled"), 10, "the Scheduled event")
+    assert scheduled_by == [SCHEDULER_NAME]
     return node
 
 
