@@ -16,10 +16,6 @@ from tests.e2e.pods import Pods
 from tests.e2e.services import Stack, start_stack
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "e2e: runs against a real Kubernetes control plane (../shared/k8s)")
-
-
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     script = k8s_dir() / "control-plane.sh"

@@ -159,7 +159,11 @@ class Stack:
                  interval=0.2, context=self.context)
 
     def lease_holder(self) -> str:
-        lease = self.kube.get(api_path("leases", "gpu-tailor", "gpu-tailor-scheduler", group="coordination.k8s.io/v1"))
+        """Who holds the Lease that manifests/scheduler's leaderElection names."""
+        config = yaml.safe_load(self.rendered.get("ConfigMap", "gpu-tailor-scheduler")["data"]["config.yaml"])
+        election = config["leaderElection"]
+        lease = self.kube.get(api_path("leases", election["resourceNamespace"], election["resourceName"],
+                                       group="coordination.k8s.io/v1"))
         holder: str = lease["spec"].get("holderIdentity") or ""
         return holder
 
@@ -235,7 +239,7 @@ def start_stack(cp: ControlPlane, kube: Kube, workdir: Path) -> Stack:
     try:
         for service in stack.services:
             service.start()
-        wait_for(stack.lease_holder, 60, "gpu-tailor-scheduler to hold Lease gpu-tailor/gpu-tailor-scheduler",
+        wait_for(stack.lease_holder, 60, "gpu-tailor-scheduler to hold its leader-election Lease",
                  interval=0.2, context=stack.context)
         stack.wait_admission_works()
     except BaseException:
