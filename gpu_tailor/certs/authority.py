@@ -183,6 +183,36 @@ def renew(stored: dict[str, bytes], names: Names, days: int, renew_before_days: 
     return Material(ca_cert, ca_key, cert, key, previous), changed
 
 
+_PEM_END = b"-----END CERTIFICATE-----"
+
+
+def split_pem(bundle: bytes) -> list[bytes]:
+    """The certificates of a PEM bundle, each as its own PEM block (with its newline)."""
+    out = []
+    for part in bundle.split(_PEM_END)[:-1]:
+        begin = part.find(b"-----BEGIN CERTIFICATE-----")
+        if begin >= 0:
+            out.append(part[begin:] + _PEM_END + b"\n")
+    return out
+
+
+def merge_bundle(want: bytes, present: list[bytes], now: dt.datetime) -> bytes:
+    """``want``'s certificates, then those of ``present`` that are still valid and not already in
+    ``want`` (compared by the certificate itself, not by its PEM spelling)."""
+    out = split_pem(want)
+    seen = {x509.load_pem_x509_certificate(c).fingerprint(hashes.SHA256()) for c in out}
+    for pem in present:
+        try:
+            cert = x509.load_pem_x509_certificate(pem)
+        except ValueError:
+            continue  # not a certificate: dropped
+        fp = cert.fingerprint(hashes.SHA256())
+        if fp not in seen and cert.not_valid_after_utc > now:
+            seen.add(fp)
+            out.append(pem)
+    return b"".join(out)
+
+
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Replace ``path`` in one step: a reader sees the old file or the new one, never a part, and a
     private key is never readable by others, not even for a moment."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from gpu_tailor.certs.authority import FILES, Material, Names, renew, write_pair
+from gpu_tailor.certs.authority import FILES, Material, Names, merge_bundle, renew, split_pem, write_pair
 from gpu_tailor.serving import CertReloader
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class CertKeeper:
                     log.info("certificate Secret changed under us (another replica): reading it again")
                     continue
                 log.info("webhook certificate: %s", "; ".join(changed))
+                await self._bundle(material)  # still trusted after the write (nothing removes a live CA)
             else:
                 changed = await self._bundle(material)
             self._serve(material)
@@ -95,8 +96,17 @@ class CertKeeper:
         raise Conflict(f"certificate Secret still changing after {attempts} attempts")
 
     async def _bundle(self, material: Material) -> list[str]:
-        want = material.ca_bundle()
+        """Make every webhook's caBundle trust ``material``'s CAs.
+
+        CAs already in the bundle stay until they expire, even ones the Secret does not name. Two
+        replicas that rotate the CA at once each add their new CA before writing the Secret; the
+        loser's write fails, and if its bundle write landed after the winner's, an exact bundle
+        would drop the CA the winner is about to serve. A loser's CA is harmless to keep: its key
+        was never stored anywhere. (To revoke a CA, delete the Secret and clear the caBundle.)
+        """
+        now = self.clock()
         bundles = await self.store.read_bundles()
+        want = merge_bundle(material.ca_bundle(), [ca for b in bundles for ca in split_pem(b)], now)
         if bundles and all(b == want for b in bundles):
             return []
         await self.store.write_bundle(want)

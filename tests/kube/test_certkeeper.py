@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from gpu_tailor.certs.authority import Names
+from gpu_tailor.certs.authority import Names, renew, split_pem
 from gpu_tailor.kube.certkeeper import CertKeeper, Conflict
 from gpu_tailor.serving import CertReloader, server_context
 
@@ -118,7 +118,28 @@ async def test_two_replicas_starting_together_end_on_one_certificate(tmp_path: P
     await a.sync()
     assert store.secret_writes == 1
     assert a.cert_path.read_bytes() == b.cert_path.read_bytes() == store.data["tls.crt"]
-    assert store.bundles == [store.data["ca.crt"]]
+    # the winner's CA leads the bundle; the loser's (whose key was never stored) may trail it
+    assert split_pem(store.bundles[0])[0] == store.data["ca.crt"]
+    assert handshake(a.reloader.ctx, store.bundles[0]) == handshake(b.reloader.ctx, store.bundles[0])
+
+
+async def test_a_racing_replicas_bundle_write_never_drops_the_ca_being_served(tmp_path: Path) -> None:
+    """a rotates; b, rotating too, writes its bundle between a's bundle write and a's Secret write,
+    and then loses the Secret. a serves its new certificate: the bundle must trust it."""
+    store = MemoryStore()
+    a = keeper(store, tmp_path / "a")
+    b = keeper(store, tmp_path / "b")
+
+    async def b_writes_its_bundle_only() -> None:
+        stored, _ = await store.read_secret()
+        material, _ = renew(stored, NAMES, 90, 30, NOW)
+        await b._bundle(material)
+
+    store.before_write.append(b_writes_its_bundle_only)
+    await a.sync()
+    assert handshake(a.reloader.ctx, store.bundles[0]) == served_serial(a)
+    await b.sync()  # b adopts a's certificate
+    assert served_serial(b) == served_serial(a)
 
 
 async def test_renewal_by_one_replica_is_adopted_by_the_other(tmp_path: Path) -> None:
