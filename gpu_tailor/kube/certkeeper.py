@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from cryptography import x509
+
 from gpu_tailor.certs.authority import FILES, Material, Names, merge_bundle, renew, split_pem, write_pair
 from gpu_tailor.serving import CertReloader
 
@@ -121,6 +123,8 @@ class CertKeeper:
         write_pair(self.cert_path, self.key_path, material.cert, material.key)
         self.reloader.load()  # raises if the Secret's pair does not load; the live context keeps the last good one
         self.material = material
+        log.info("serving the certificate from the Secret (serial %x)",
+                 x509.load_pem_x509_certificate(material.cert).serial_number)
 
     async def start(self, deadline: float = 60.0) -> None:
         """The first sync, retried with backoff: the webhook cannot listen without a certificate.

@@ -123,6 +123,8 @@ class Stack:
     webhook: Service
     extender: Service
     scheduler: Service
+    overlay: Path
+    workdir: Path
     opted_in: str = OPTED_IN
     plain: str = PLAIN
 
@@ -186,7 +188,9 @@ def webhook_tls_args(argv: list[str]) -> list[str]:
     if not any(a == "--certs-secret" or a.startswith("--certs-secret=") for a in argv):
         raise AssertionError(f"the webhook Deployment's args have no --certs-secret; teach webhook_tls_args how "
                              f"this webhook gets its certificate: {argv}")
-    return [*argv, "--ip", "127.0.0.1"]
+    # The one flag not in the manifests: the Secret and the caBundle are checked every second instead of
+    # every minute, so a certificate renewed by another replica is adopted within a test's patience.
+    return [*argv, "--ip", "127.0.0.1", "--certs-sync-interval", "1"]
 
 
 def _gpu_tailor_argv(rendered: Rendered, deployment: str, container: str, listen: str, kubeconfig: Path) -> list[str]:
@@ -235,7 +239,8 @@ def start_stack(cp: ControlPlane, kube: Kube, workdir: Path) -> Stack:
                   extender=Service("gpu-tailor extender", extender_argv, logs / "extender.log",
                                    f"http://127.0.0.1:{extender_port}/readyz"),
                   scheduler=Service("gpu-tailor-scheduler (kube-scheduler)", sched_argv, logs / "kube-scheduler.log",
-                                    f"https://127.0.0.1:{scheduler_port}/healthz"))
+                                    f"https://127.0.0.1:{scheduler_port}/healthz"),
+                  overlay=overlay, workdir=workdir)
     try:
         for service in stack.services:
             service.start()
