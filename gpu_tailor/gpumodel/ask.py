@@ -115,6 +115,11 @@ class PodAsk:
     def gpu_containers(self) -> tuple[ContainerAsk, ...]:
         return tuple(c for c in self.containers if c.has_gpu)
 
+    def most_in_one_container(self, resource: str) -> int:
+        """The most units of a native ``resource`` one container asks for (the device plugin allocates
+        per container, so this, not the pod's total, is what one allocation must serve)."""
+        return max((c.native.get(resource, 0) for c in self.containers), default=0)
+
     def canonical(self) -> dict[str, Any]:
         """A stable description of the ask for the ``gpu-tailor.io/ask`` annotation."""
         out: dict[str, Any] = {

@@ -87,6 +87,40 @@ class Offering:
         return ":".join(parts) if parts else "whole"
 
 
+class UnitsRefusal(StrEnum):
+    """Why one container's several units of a resource can never run where it is sold a given way."""
+
+    AMBIGUOUS = "ambiguous"  # nvidia.com/gpu: N where that name sells slices: N GPUs were meant
+    ONE_PER_CONTAINER = "one-per-container"  # the device plugin fails requests for more than one replica
+
+
+def units_refusal(resource: str, units: int, backing: BackingKind, sharing: Sharing,
+                  fails_more_than_one: bool = False) -> UnitsRefusal | None:
+    """Whether ``units`` of ``resource`` asked by one container can run where it is sold as ``backing``.
+
+    The webhook (admit or deny) and the extender (filter) both ask this, so that a pod the webhook
+    admits is one the extender can place. The device plugin allocates per container, so ``units`` is
+    one container's count.
+
+    * Names that only ever sell replicas or MIG instances (``nvidia.com/gpu.shared``,
+      ``nvidia.com/mig-<p>``, ``nvidia.com/mig-<p>.shared``): N units are N replicas or instances,
+      which the device plugin hands out from any GPUs with free ones.
+    * ``nvidia.com/gpu`` is the portable way to ask for GPUs. On a node that sells time-slicing or MPS
+      replicas (no ``renameByDefault``) or single-strategy MIG devices under that name, N > 1 units
+      would be N slices, not the N GPUs the pod was written for: AMBIGUOUS, never placed there. One
+      unit stays fine: a pod asking for "a GPU" gets one slice, which is what such a node is for.
+    * More than one replica fails at the kubelet where the device plugin's sharing config sets
+      ``failRequestsGreaterThanOne``, which MPS always does.
+    """
+    if units <= 1:
+        return None
+    if backing is not BackingKind.WHOLE and resource == str(WHOLE_GPU):
+        return UnitsRefusal.AMBIGUOUS
+    if sharing is Sharing.MPS or (sharing is not Sharing.NONE and fails_more_than_one):
+        return UnitsRefusal.ONE_PER_CONTAINER
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class NodeInventory:
     name: str

@@ -23,14 +23,18 @@ FULL = 1000
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """What one pod takes on a node: the same amount on each of ``gpus``."""
+    """What one pod takes on a node: the same amount on each entry of ``gpus``.
+
+    Whole GPUs are distinct entries. Replicas and MIG instances are one entry per unit, so a GPU
+    repeats when several units sit on it (``(0, 0)``: two replicas of GPU 0).
+    """
 
     gpus: tuple[int, ...]
-    milli: int = FULL  # per GPU; FULL with whole=True for whole GPUs
-    memory_mib: int = 0  # declared per GPU (shares); whole GPUs take all memory
+    milli: int = FULL  # per entry; FULL with whole=True for whole GPUs
+    memory_mib: int = 0  # declared per entry (shares); whole GPUs take all memory
     whole: bool = True
     mig_profile: str | None = None
-    replicas: int = 0  # replicas of a shared GPU, per GPU
+    replicas: int = 0  # replicas of a shared GPU, per entry
 
 
 @dataclass(slots=True)
@@ -157,6 +161,25 @@ class NodeGpus:
         """The most-used GPU the instance still fits on (keeps other GPUs free for big profiles)."""
         fits = [s.index for s in self.slots[: self.usable] if self.mig_fits(s.index, profile)]
         return min(fits, key=lambda g: (self.slots[g].free_milli, g)) if fits else None
+
+    def predict_units(self, n: int, milli: int, mig_profile: mig.MigProfile | None = None) -> tuple[int, ...]:
+        """The GPU of each of ``n`` replicas (``milli`` each) or ``mig_profile`` instances, chosen one at a
+        time as for a one-unit pod, each seeing the ones before it. Fewer than ``n`` when room runs out.
+
+        The device plugin hands a container any ``n`` free units, from one GPU or several; Kubernetes
+        only checks the node's count. So several units are not one bigger share that must fit one GPU.
+        """
+        trial = self if n == 1 else self.copy()  # the node itself is never changed
+        out: list[int] = []
+        for i in range(n):
+            g = trial.predict_mig(mig_profile) if mig_profile is not None else trial.predict_share(milli)
+            if g is None:
+                break
+            out.append(g)
+            if i + 1 < n:
+                trial.place(f"\0unit-{i}", Placement((g,), milli, whole=False, replicas=0 if mig_profile else 1,
+                                                      mig_profile=mig_profile.name if mig_profile else None))
+        return tuple(out)
 
 
 def parse_gpu_annotation(value: str) -> tuple[int, ...] | None:

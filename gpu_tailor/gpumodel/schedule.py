@@ -13,7 +13,7 @@ from typing import Any
 
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import PodAsk, Topology, from_pod
-from gpu_tailor.gpumodel.inventory import BackingKind, HealthState, NodeInventory, Offering
+from gpu_tailor.gpumodel.inventory import BackingKind, HealthState, NodeInventory, Offering, UnitsRefusal, units_refusal
 from gpu_tailor.gpumodel.mig import sku_for_product
 from gpu_tailor.gpumodel.occupancy import FULL, NodeGpus, Placement, parse_gpu_annotation
 from gpu_tailor.gpumodel.packing import Shape
@@ -28,11 +28,11 @@ class Demand:
     key: str  # namespace/name
     resource: str = ""  # the one NVIDIA resource it asks for ("" = none)
     units: int = 0
+    per_container: int = 0  # the most units one container asks for (the device plugin allocates per container)
     cpu_milli: int = 0
     memory_mib: int = 0
     products: tuple[str, ...] = ()
     nvlink: bool = False
-    backing: str = ""  # gpu-tailor.io/backing the webhook chose ("" = a native ask)
     error: str = ""
 
     @property
@@ -67,16 +67,14 @@ def demand_of(pod: dict[str, Any], ask: PodAsk | None = None) -> Demand:
     cpu = int(_requests(pod, "cpu") * 1000)
     mem = int(_requests(pod, "memory")) // 2**20
     native = {k: v for k, v in ask.effective_native.items() if v > 0}
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    common = {"cpu_milli": cpu, "memory_mib": mem, "products": ask.products,
-              "nvlink": ask.topology is Topology.NVLINK, "backing": str(annotations.get(labels.ANN_BACKING, ""))}
+    common = {"cpu_milli": cpu, "memory_mib": mem, "products": ask.products, "nvlink": ask.topology is Topology.NVLINK}
     if len(native) > 1:
         return Demand(key, error=f"asks for several NVIDIA resources at once ({', '.join(sorted(native))})",
                       **common)  # type: ignore[arg-type]
     if not native:
         return Demand(key, **common)  # type: ignore[arg-type]
     (resource, units), = native.items()
-    return Demand(key, resource, units, **common)  # type: ignore[arg-type]
+    return Demand(key, resource, units, ask.most_in_one_container(resource), **common)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -109,7 +107,7 @@ def shape_of(demand: Demand, offering: Offering | None) -> Shape:
     if offering.backing is BackingKind.WHOLE:
         return Shape(demand.cpu_milli, demand.memory_mib, demand.units, FULL, nvlink=demand.nvlink)
     milli = max(1, int(offering.fraction * FULL))
-    if demand.units > 1:  # several replicas are not combined into more GPU: they sit on one GPU
+    if demand.units > 1:  # each unit goes where one would (``fit``): they stack on one GPU while it has room
         milli = min(FULL, milli * demand.units)
     return Shape(demand.cpu_milli, demand.memory_mib, 1, milli)
 
@@ -152,11 +150,14 @@ def inventory_verdict(inv: NodeInventory, demand: Demand) -> Fit | Offering:
         if state is HealthState.DEGRADED:
             why = f"{inv.health.reason}; {why}"
         return Fit(False, why, unresolvable=True)
-    label = offering.label
-    if offering.backing is not BackingKind.WHOLE and demand.units > 1 and demand.backing != label:
-        # several replicas or slices are not several GPUs: a native multi-GPU ask means whole GPUs
-        return Fit(False, f"node sells {demand.resource} as {label}: {demand.units} units would be "
-                   f"{demand.units} slices or replicas, not {demand.units} GPUs", unresolvable=True)
+    label, n = offering.label, demand.per_container
+    refusal = units_refusal(demand.resource, n, offering.backing, offering.sharing)
+    if refusal is UnitsRefusal.AMBIGUOUS:
+        return Fit(False, f"node sells {demand.resource} as {label}: {n} units would be {n} slices or replicas, "
+                   f"not {n} GPUs", unresolvable=True)
+    if refusal is UnitsRefusal.ONE_PER_CONTAINER:
+        return Fit(False, f"node sells {demand.resource} as {label}: the device plugin fails a container's "
+                   "request for more than one replica", unresolvable=True)
     return offering
 
 
@@ -190,24 +191,30 @@ def fit(node: NodeState, demand: Demand, place: bool = True, settled: Fit | Offe
         else:
             chosen = gpus.predict_whole(demand.units) or tuple(free[: demand.units])
         return Fit(True, placement=Placement(chosen))
+    # Replicas and MIG instances: Kubernetes counts the units per node, and the device plugin hands out
+    # any free ones, from one GPU or several. So the count decides, and each unit is then placed on a
+    # GPU the way a one-unit pod would be (one model for one unit and for many).
     label = offering.label
     used = node.units_used.get(demand.resource, 0)
     left = offering.allocatable - used
     if left < demand.units:
         return Fit(False, f"{label}: {max(0, left)} of {offering.allocatable} free")
-    if offering.backing is BackingKind.MIG and offering.mig_profile is not None:
-        g = gpus.predict_mig(offering.mig_profile)
-        if g is None:
-            return Fit(False, f"{label}: no GPU has room for another {offering.mig_profile.name} instance")
-        milli = int(offering.fraction * FULL)
-        return Fit(True, placement=Placement((g,), milli, offering.memory_mib, whole=False,
-                                             mig_profile=offering.mig_profile.name))
-    milli = min(FULL, int(offering.fraction * FULL) * demand.units)
-    g = gpus.predict_share(milli)
-    if g is None:
-        return Fit(False, f"{label}: no single GPU has {demand.units} free replica(s)")
-    return Fit(True, placement=Placement((g,), milli, offering.memory_mib * demand.units, whole=False,
-                                         replicas=demand.units))
+    profile = offering.mig_profile if offering.backing is BackingKind.MIG else None
+    milli = int(offering.fraction * FULL)
+    where = gpus.predict_units(demand.units, milli, mig_profile=profile)
+    if len(where) < demand.units:  # the count allows it, the per-GPU picture does not
+        what = f"{profile.name} instance" if profile is not None else "replica"
+        if demand.units == 1:
+            return Fit(False, f"{label}: no GPU has room for another {what}")
+        return Fit(False, f"{label}: the GPUs have room for {len(where)} more {what}s, {demand.units} asked")
+    return Fit(True, placement=unit_placement(offering, where))
+
+
+def unit_placement(offering: Offering, gpus: tuple[int, ...]) -> Placement:
+    """Replicas or MIG instances of ``offering``, one per entry of ``gpus`` (a GPU may repeat)."""
+    profile = offering.mig_profile if offering.backing is BackingKind.MIG else None
+    return Placement(gpus, int(offering.fraction * FULL), offering.memory_mib, whole=False,
+                     mig_profile=profile.name if profile is not None else None, replicas=0 if profile else 1)
 
 
 def recorded_placement(pod: dict[str, Any], node: NodeState, demand: Demand) -> Placement | None:
@@ -222,15 +229,12 @@ def recorded_placement(pod: dict[str, Any], node: NodeState, demand: Demand) -> 
             return Placement(recorded)
         free = node.gpus.free_whole()
         return Placement(node.gpus.predict_whole(demand.units) or tuple(free[: demand.units]))
+    # one GPU per unit; an annotation with fewer (one written for several units, say) is repeated
+    if recorded is not None:
+        return unit_placement(offering, tuple(recorded[i % len(recorded)] for i in range(demand.units)))
     predicted = fit(node, demand).placement
-    if recorded is not None and predicted is not None:
-        return Placement(recorded[:1], predicted.milli, predicted.memory_mib, whole=False,
-                         mig_profile=predicted.mig_profile, replicas=predicted.replicas)
     if predicted is not None:
         return predicted
     # over-committed as far as we can tell (e.g. bound before we knew): still count it, on GPU 0
-    milli = int(offering.fraction * FULL)
-    return Placement((recorded or (0,))[:1], milli, 0, whole=False,
-                     mig_profile=offering.mig_profile.name if offering.mig_profile else None,
-                     replicas=demand.units)
+    return unit_placement(offering, (0,) * demand.units)
 

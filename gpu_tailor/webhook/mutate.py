@@ -17,7 +17,7 @@ import jsonpatch
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import ContainerAsk, Isolation, PodAsk, from_pod
 from gpu_tailor.gpumodel.catalog import Candidate, Choice, NoFit, choose
-from gpu_tailor.gpumodel.inventory import BackingKind, Sharing
+from gpu_tailor.gpumodel.inventory import Sharing, UnitsRefusal, units_refusal
 from gpu_tailor.gpumodel.resources import parse_resource
 from gpu_tailor.webhook.config import Policy
 
@@ -61,8 +61,8 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Policy)
             return _deny(denial, 422)
     isolation = ask.isolation if labels.ANN_ISOLATION in annotations else policy.defaultIsolation
 
-    for resource, count in ask.effective_native.items():
-        verdict = _native_sharing_check(resource, count, candidates)
+    for resource in ask.effective_native:
+        verdict = _native_units_check(resource, ask.most_in_one_container(resource), candidates)
         if isinstance(verdict, Decision):
             return verdict
         if verdict:
@@ -108,21 +108,30 @@ def _requests_equal_limits(pod: dict[str, Any], container: ContainerAsk, policy:
     return None
 
 
-def _native_sharing_check(resource: str, count: int, candidates: list[Candidate]) -> Decision | str | None:
-    """More than one replica of a shared GPU: the kubelet fails it on MPS or failRequestsGreaterThanOne
-    nodes, and elsewhere it gives no more GPU than one replica."""
+def _native_units_check(resource: str, count: int, candidates: list[Candidate]) -> Decision | str | None:
+    """Several units of a native resource in one container: denied where no offering of it can ever run
+    them (the extender's filter asks the same ``units_refusal``, so an admitted pod can be placed), and
+    a warning where they are replicas of a shared GPU, which give no more GPU than one replica."""
     if count <= 1 or parse_resource(resource) is None:
         return None
     offers = [c for c in candidates if c.resource == resource]
-    if not offers or any(c.kind is not BackingKind.SHARED for c in offers):
+    if not offers:
         return None
-    usable = [c for c in offers if c.sharing is not Sharing.MPS and not c.fail_requests_gt_one]
+    refusals = [units_refusal(resource, count, c.kind, c.sharing, c.fail_requests_gt_one) for c in offers]
+    usable = [c for c, r in zip(offers, refusals, strict=True) if r is None]
     if not usable:
         where = ", ".join(sorted({f"{c.backing} on {c.product}" for c in offers}))
+        if UnitsRefusal.ONE_PER_CONTAINER not in refusals:
+            return _deny(f"{resource}: {count} requested in one container means {count} GPUs, but every node "
+                         f"selling {resource} sells it as slices ({where}): there {count} units would be {count} "
+                         f"slices or replicas, not {count} GPUs; ask for 1 per container, or for part of a GPU with "
+                         f"{labels.GPU_MILLI}")
         return _deny(f"{resource}: {count} requested, but every node offering it fails requests for more than one "
                      f"replica ({where}); ask for 1")
-    return (f"{resource}: {count} replicas of a shared GPU are not combined into more GPU: "
-            f"they give no more compute or memory than one ({usable[0].backing} on {usable[0].product})")
+    if all(c.sharing is not Sharing.NONE for c in usable):
+        return (f"{resource}: {count} replicas of a shared GPU are not combined into more GPU: "
+                f"they give no more compute or memory than one ({usable[0].backing} on {usable[0].product})")
+    return None
 
 
 def _rewrite(pod: dict[str, Any], ask: PodAsk, choice: Choice) -> None:

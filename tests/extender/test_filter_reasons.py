@@ -133,6 +133,23 @@ CASES: list[tuple[str, tuple[str, str | None, int], list[dict[str, Any]], str, s
      "t4-timeslice-renamed-0", "failed", "shared:time-slicing:4: 0 of 16 free"),
     ("mps/full", (GPU4, "nvidia.com/gpu", 1), held("v100-mps-0", "nvidia.com/gpu", 1, 10), "v100-mps-0", "failed",
      "shared:mps:10: 0 of 10 free"),
+    # several units in one container: replicas or MIG instances where the name only ever sells those ...
+    ("renamed/2-replicas", (GPU4, "nvidia.com/gpu.shared", 2), [], "t4-timeslice-renamed-0", "pass", ""),
+    ("renamed/16-replicas", (GPU4, "nvidia.com/gpu.shared", 16), [], "t4-timeslice-renamed-0", "pass", ""),
+    ("renamed/2-of-1-left", (GPU4, "nvidia.com/gpu.shared", 2),
+     held("t4-timeslice-renamed-0", "nvidia.com/gpu.shared", 1, 15), "t4-timeslice-renamed-0", "failed",
+     "shared:time-slicing:4: 1 of 16 free"),
+    ("mixed/2-instances", (MIG, "nvidia.com/mig-1g.5gb", 2), [], "a100-mig-mixed-0", "pass", ""),
+    ("mixed/8-3g-instances", (MIG, "nvidia.com/mig-3g.20gb", 8), [], "a100-mig-mixed-0", "pass", ""),
+    ("mixed/2-of-1-left", (MIG, "nvidia.com/mig-1g.5gb", 2), held("a100-mig-mixed-0", "nvidia.com/mig-1g.5gb", 1, 15),
+     "a100-mig-mixed-0", "failed", "mig-1g.5gb: 1 of 16 free"),
+    # ... but nvidia.com/gpu: N still means N GPUs, which a node selling slices under that name cannot give
+    ("timeslice/gpu-2", (GPU4, "nvidia.com/gpu", 2), [], "t4-timeslice-0", "unresolvable",
+     "node sells nvidia.com/gpu as shared:time-slicing:4: 2 units would be 2 slices or replicas, not 2 GPUs"),
+    ("single/gpu-2", (GPU4, "nvidia.com/gpu", 2), [], "a100-mig-single-0", "unresolvable",
+     "node sells nvidia.com/gpu as mig-1g.5gb: 2 units would be 2 slices or replicas, not 2 GPUs"),
+    ("mps/gpu-2", (GPU4, "nvidia.com/gpu", 2), [], "v100-mps-0", "unresolvable",
+     "node sells nvidia.com/gpu as shared:mps:10: 2 units would be 2 slices or replicas, not 2 GPUs"),
     # and the last unit left still passes
     ("mixed/3g-one-left", (MIG, "nvidia.com/mig-3g.20gb", 1), held("a100-mig-mixed-0", "nvidia.com/mig-3g.20gb", 1, 7),
      "a100-mig-mixed-0", "pass", ""),
@@ -159,7 +176,8 @@ def test_filter_verdict_and_reason(the_ask: tuple[str, str | None, int], pods: l
 ASKS = [(GPU4, None, 4), (GPU8, None, 8), (GPU4, "nvidia.com/gpu", 1), (GPU4, "nvidia.com/gpu", 2),
         (MIG, None, 1), (MIG, "nvidia.com/mig-2g.10gb", 1), (MIG, "nvidia.com/mig-3g.20gb", 1),
         (MIG, "nvidia.com/mig-1g.10gb", 1), (MIG, "nvidia.com/mig-7g.80gb", 1),
-        (GPU4, "nvidia.com/gpu.shared", 1), (GPU4, "nvidia.com/gpu.shared", 2)]
+        (GPU4, "nvidia.com/gpu.shared", 1), (GPU4, "nvidia.com/gpu.shared", 2), (MIG, "nvidia.com/mig-1g.5gb", 2),
+        (MIG, "nvidia.com/mig-2g.10gb", 2)]
 BUSY = [*held("h100-hgx-0", "nvidia.com/gpu", 6), *held("h100-degraded-0", "nvidia.com/gpu", 2, 2),
         *held("a100-mig-mixed-0", "nvidia.com/mig-1g.5gb", 1, 16),
         *held("a100-mig-mixed-0", "nvidia.com/mig-2g.10gb", 1, 7),

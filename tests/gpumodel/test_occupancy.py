@@ -87,3 +87,17 @@ def test_copy_is_independent_of_the_original() -> None:
     assert gpus.slots[1].whole_by == "b" and gpus.slots[0].pods == {"a"}
     assert trial.placements.keys() == {"c"} and trial.slots[0].mig == [] and trial.slots[0].pods == {"c"}
     assert trial.free_whole() == [1] and trial.slots[0].free_milli == 500
+
+
+def test_several_units_are_predicted_one_at_a_time() -> None:
+    node = NodeGpus(2, 16000)
+    node.place("a", Placement((0,), milli=750, whole=False, replicas=3))
+    assert node.predict_units(2, 250) == (0, 1)  # GPU 0's last replica, then the next best fit
+    assert node.predict_units(6, 250) == (0, 1, 1, 1, 1)  # room for 5: fewer units than asked
+    assert node.slots[0].milli_used == 750 and node.placements.keys() == {"a"}  # the node is left as it was
+    node.place("b", Placement((0, 1), milli=250, whole=False, replicas=1))
+    assert (node.slots[0].replicas_used, node.slots[1].replicas_used) == (4, 1)
+    one = mig.A100_40GB.profile("1g.5gb")
+    assert one is not None
+    cut = NodeGpus(2, 40960, mig_sku=mig.A100_40GB)
+    assert cut.predict_units(8, 142, mig_profile=one) == (0,) * 7 + (1,)  # seven 1g instances fit one A100

@@ -135,6 +135,29 @@ def test_g_denied_where_the_pool_fails_requests_greater_than_one() -> None:
     assert not d.allowed and "more than one replica" in d.message
 
 
+def test_several_gpus_denied_where_nvidia_com_gpu_is_only_sold_as_slices() -> None:
+    """Without the H100s, every node selling nvidia.com/gpu sells replicas or MIG devices under that name:
+    the extender would never place two of them as two GPUs, so the pod is denied, saying why."""
+    v = ClusterView(Policy())
+    v.reset([n for n in NODES if not n["metadata"]["name"].startswith("h100")])
+    review = review_fixture("a")
+    d = decide(review["request"], v.candidates(), v.policy)
+    assert not d.allowed and d.code == 403
+    assert d.message == ("nvidia.com/gpu: 2 requested in one container means 2 GPUs, but every node selling "
+                         "nvidia.com/gpu sells it as slices (mig-1g.5gb on NVIDIA-A100-SXM4-40GB-MIG-1g.5gb, "
+                         "shared:mps:10 on Tesla-V100-SXM2-16GB-SHARED, shared:time-slicing:4 on Tesla-T4-SHARED): "
+                         "there 2 units would be 2 slices or replicas, not 2 GPUs; ask for 1 per container, or for "
+                         "part of a GPU with gpu-tailor.io/gpu-milli")
+
+
+def test_mig_instances_are_admitted_without_a_warning() -> None:
+    review = copy.deepcopy(review_fixture("h"))
+    for part in ("limits", "requests"):
+        review["request"]["object"]["spec"]["containers"][0]["resources"][part] = {"nvidia.com/mig-1g.5gb": "2"}
+    d = decide(review["request"], view().candidates(), Policy())
+    assert d.allowed and d.warnings == ()
+
+
 def _fields(c: Candidate) -> dict[str, Any]:
     return {f: getattr(c, f) for f in c.__dataclass_fields__}
 
