@@ -1,4 +1,9 @@
-"""aiohttp app of the scheduler extender: /filter /prioritize /bind /preempt, probes and metrics."""
+"""aiohttp app of the scheduler extender: /filter /prioritize /bind /preempt, probes and metrics.
+
+Bind answers ``{"Error": ""}`` only once the API server has taken the Binding: kube-scheduler keeps a
+pod it was told is bound in its cache until the API shows it gone, so a refused Binding reported as
+done (a pod deleted mid-bind) would leave its GPUs counted as taken for good.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpu_tailor.extender import verbs
-from gpu_tailor.extender.state import ClusterState
+from gpu_tailor.extender.state import ClusterState, record
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.occupancy import format_gpu_annotation
 from gpu_tailor.gpumodel.schedule import fit
@@ -23,7 +28,34 @@ DEFAULT_MAX_BODY = 64 * 2**20  # a full NodeList of a big cluster is large
 
 
 class Binder(Protocol):
+    """The API side of bind; both raise when the API server cannot be asked or refuses."""
+
     async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None) -> None: ...
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod as the API has it now, None when it is gone."""
+        ...
+
+
+class ApiRefused(Exception):
+    """The API server answered a write or read of bind with an error status (the pod is gone, already
+    bound, replaced, forbidden ...)."""
+
+    def __init__(self, what: str, status: int, message: str) -> None:
+        super().__init__(f"{what} answered {status}: {message}")
+        self.status = status
+
+
+def status_message(body: bytes | str | None, fallback: str) -> str:
+    """The ``message`` of the API server's Status answer; else the body cut short, else ``fallback``."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body or ""
+    try:
+        status = json.loads(text)
+    except json.JSONDecodeError:
+        status = None
+    if isinstance(status, dict) and isinstance(status.get("message"), str) and status["message"]:
+        return str(status["message"])
+    return text.strip()[:200] or fallback
 
 
 class Metrics:
@@ -87,11 +119,15 @@ def _verb(name: str, fn: Callable[[web.Request, Any], Awaitable[Any]]) -> Callab
 
 
 async def _filter(request: web.Request, body: Any) -> Any:
-    return verbs.filter_nodes(request.app[STATE], body)
+    out = verbs.filter_nodes(request.app[STATE], body)
+    request.app[STATE].remember(body["Pod"])  # a valid body: for a bind that beats the watch
+    return out
 
 
 async def _prioritize(request: web.Request, body: Any) -> Any:
-    return verbs.prioritize(request.app[STATE], body)
+    out = verbs.prioritize(request.app[STATE], body)
+    request.app[STATE].remember(body["Pod"])
+    return out
 
 
 async def _preempt(request: web.Request, body: Any) -> Any:
@@ -108,22 +144,33 @@ async def _bind(request: web.Request, body: Any) -> Any:
     node, uid = body["Node"], str(body.get("PodUID") or "")
     if binder is None:
         return {"Error": "bind needs the API server (offline --cluster-file mode cannot bind)"}
-    rec = state.pods.get(key)
+    failed = f"binding {key} to {node} failed"
+    rec = state.pending(key, uid)
+    if rec is None:  # neither the watch nor filter has shown us this pod: ask the API, never bind blind
+        try:
+            pod = await binder.read_pod(body["PodNamespace"], body["PodName"])
+        except Exception as exc:
+            return {"Error": f"{failed}: reading the pod: {exc}"}
+        if pod is None:
+            return {"Error": f"{failed}: the pod is gone (not in the API)"}
+        rec = state.pending(key, uid) or record(pod)  # the watch may have caught up meanwhile
+        if uid and rec.uid != uid:
+            return {"Error": f"{failed}: the pod was replaced (uid {rec.uid}, not {uid})"}
     gpus: str | None = None
-    if rec is not None and rec.demand.gpu and node in state.nodes:
+    placement = None
+    if rec.demand.gpu and node in state.nodes:
         f = fit(state.nodes[node], rec.demand)
         if not f.ok:
             return {"Error": f"pod {key} no longer fits {node}: {f.reason}"}
-        if f.placement is not None:
-            gpus = format_gpu_annotation(f.placement.gpus)
-        state.assume(key, node, f.placement)  # the very next filter sees it
-    elif rec is not None:
-        state.assume(key, node, None)
+        placement = f.placement
+        if placement is not None:
+            gpus = format_gpu_annotation(placement.gpus)
+    state.assume(key, node, placement, rec)  # the very next filter sees it
     try:
         await binder.bind(body["PodNamespace"], body["PodName"], uid, node, gpus)
     except Exception as exc:
         state.forget(key)
-        return {"Error": f"binding {key} to {node} failed: {exc}"}
+        return {"Error": f"{failed}: {exc}"}
     return {"Error": ""}
 
 
@@ -142,7 +189,8 @@ def make_app(state: ClusterState, binder: Binder | None = None, max_body: int = 
 
 
 class ApiBinder:
-    """Records the GPUs in the pod annotation, then POSTs the Binding."""
+    """Records the GPUs in the pod annotation, then POSTs the Binding; raises ``ApiRefused`` when the
+    API server says no to either."""
 
     def __init__(self, api: Any) -> None:
         from kubernetes_asyncio import client
@@ -153,11 +201,42 @@ class ApiBinder:
     async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None) -> None:
         c = self.client
         if gpus is not None:
-            await self.core.patch_namespaced_pod(name, namespace,
-                                                 {"metadata": {"annotations": {labels.ANN_GPUS: gpus}}})
+            meta: dict[str, Any] = {"annotations": {labels.ANN_GPUS: gpus}}
+            if uid:
+                meta["uid"] = uid  # a precondition: a pod recreated under this name is not annotated
+            try:
+                await self.core.patch_namespaced_pod(name, namespace, {"metadata": meta})
+            except c.ApiException as exc:
+                raise ApiRefused("annotating the pod", int(exc.status or 0),
+                                 status_message(exc.body, str(exc.reason))) from exc
         binding = c.V1Binding(metadata=c.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
                               target=c.V1ObjectReference(kind="Node", name=node, api_version="v1"))
-        await self.core.create_namespaced_binding(namespace, binding, _preload_content=False)
+        # The API server answers a Binding with a Status, which the client cannot read as a V1Binding, so
+        # the answer is taken raw -- and a raw answer never raises: its status is checked here.
+        status, text = await _raw(self.core.create_namespaced_binding(namespace, binding, _preload_content=False))
+        if not 200 <= status < 300:
+            raise ApiRefused("Binding", status, status_message(text, "no message"))
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        # raw, so the pod is the API's JSON (camelCase), as the watch delivers it
+        status, text = await _raw(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
+        if status == 404:
+            return None
+        if not 200 <= status < 300:
+            raise ApiRefused("reading the pod", status, status_message(text, "no message"))
+        pod = json.loads(text)
+        if not isinstance(pod, dict):
+            raise ApiRefused("reading the pod", status, "not a Pod object")
+        return pod
+
+
+async def _raw(call: Awaitable[Any]) -> tuple[int, bytes]:
+    """Status and body of a request made with ``_preload_content=False`` (an aiohttp response)."""
+    resp = await call
+    try:
+        return int(resp.status), bytes(await resp.read())
+    finally:
+        resp.release()
 
 
 def watch_ctx(state: ClusterState, kubeconfig: str | None, in_cluster: bool) -> Any:

@@ -6,6 +6,11 @@ Bind adds an *assumption* (the pod on its node and GPUs) that the next filter se
 dropped when the binding fails, the pod is deleted, or the watch shows the pod bound elsewhere. It
 lives in memory only: after a restart everything comes back from the API (annotations included).
 
+Bind needs the pod's demand, and kube-scheduler's informer can see a pod before the extender's
+watch does (a busy API server, 2 cores). Filter and prioritize carry the whole Pod, so the pods they
+were asked about are kept (the most recent few, by namespace/name and uid) until the watch delivers
+them or they are bound; bind falls back to them, then to reading the pod from the API.
+
 The placement policy learns the mix of pod shapes from the pods it sees: the pods it is asked to
 score, and the GPU pods the API shows bound to nodes, each pod once (by uid). So a restarted
 extender scores with the cluster's mix from its first request instead of starting from nothing.
@@ -46,6 +51,7 @@ from gpu_tailor.gpumodel.schedule import (
 )
 
 KEPT_ASKS = 64  # distinct asks whose per-node verdicts are kept (least recently asked dropped first)
+KEPT_PENDING = 512  # pods asked about and not yet seen by the watch (least recently asked dropped first)
 
 
 @dataclass
@@ -71,6 +77,15 @@ def _active(pod: dict[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
 
 
+def _uid(pod: dict[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("uid", ""))
+
+
+def record(pod: dict[str, Any]) -> PodRecord:
+    """A pending pod as a record (not counted anywhere until assumed)."""
+    return PodRecord(pod_key(pod), _uid(pod), "", demand_of(pod), pod)
+
+
 class ClusterState:
     def __init__(self) -> None:
         self.nodes: dict[str, NodeState] = {}
@@ -83,6 +98,7 @@ class ClusterState:
         self.verdicts: OrderedDict[Demand, Kept] = OrderedDict()  # per ask: see the module notes
         self.kinds: dict[tuple[Health, Product | None, tuple[Offering, ...]], int] = {}
         self.kind_of: dict[str, int] = {}  # node -> its kind
+        self.asked: OrderedDict[str, tuple[str, dict[str, Any]]] = OrderedDict()  # key -> (uid, pod): see the notes
         self.nodes_synced = False
         self.pods_synced = False
 
@@ -95,6 +111,29 @@ class ClusterState:
         if uid not in self.seen:
             self.seen.add(uid)
             self.policy.observe(shape)
+
+    def remember(self, pod: dict[str, Any]) -> None:
+        """Keep a pod filter or prioritize was asked about, for a bind that comes before the watch's news."""
+        key = pod_key(pod)
+        uid = _uid(pod)
+        known = self.pods.get(key)
+        if known is not None and known.uid == uid:
+            return  # the watch has it
+        self.asked[key] = (uid, pod)
+        self.asked.move_to_end(key)
+        if len(self.asked) > KEPT_PENDING:
+            self.asked.popitem(last=False)
+
+    def pending(self, key: str, uid: str) -> PodRecord | None:
+        """The pod to bind: as the watch shows it, else as last asked about; None when neither has it
+        (or has another pod of that name). ``uid`` "" matches any."""
+        rec = self.pods.get(key)
+        if rec is not None and (not uid or rec.uid == uid):
+            return rec
+        asked = self.asked.get(key)
+        if asked is not None and (not uid or asked[0] == uid):
+            return record(asked[1])
+        return None
 
     def fits(self, names: list[str], demand: Demand) -> list[Fit]:
         """``fit(node, demand, place=False)`` per node name, kept while a node is unchanged (see the notes)."""
@@ -192,8 +231,12 @@ class ClusterState:
 
     def apply_pod(self, event: str, obj: dict[str, Any]) -> None:
         if event == "DELETED":
-            rec = self.pods.pop(pod_key(obj), None)
-            if rec is not None:
+            key, uid = pod_key(obj), _uid(obj)
+            if self.asked.get(key, ("",))[0] == uid:
+                del self.asked[key]
+            rec = self.pods.get(key)
+            if rec is not None and (rec.uid == uid or not uid):  # not a newer pod of the same name
+                del self.pods[key]
                 self.by_uid.pop(rec.uid, None)
                 self.seen.discard(rec.uid)
                 self._unplace(rec)
@@ -202,22 +245,36 @@ class ClusterState:
 
     def _upsert_pod(self, obj: dict[str, Any], sync: bool) -> None:
         key = pod_key(obj)
+        if self.asked.get(key, ("",))[0] == _uid(obj):
+            del self.asked[key]  # the watch has it now
         old = self.pods.get(key)
         node = str((obj.get("spec") or {}).get("nodeName") or "")
         if not _active(obj):
             node = ""
-        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        uid = _uid(obj)
         if old is not None:
             if old.assumed and not node and old.uid == uid:
                 old.pod = obj  # still pending: keep our assumption
                 return
             self._unplace(old, sync)
+            if old.uid != uid:
+                self.by_uid.pop(old.uid, None)
         rec = PodRecord(key, uid, node, demand_of(obj), obj)
         self.pods[key] = rec
         self.by_uid[uid] = key
         self._place(rec, sync)
 
-    def assume(self, key: str, node: str, placement: Placement | None) -> None:
+    def assume(self, key: str, node: str, placement: Placement | None, rec: PodRecord | None = None) -> None:
+        """Count the pod on ``node`` until the watch confirms it (or ``forget``). ``rec``: a pod the watch
+        has not delivered yet (``pending``); it replaces whatever was kept under its name."""
+        if rec is not None and self.pods.get(key) is not rec:
+            old = self.pods.pop(key, None)
+            if old is not None:
+                self._unplace(old)
+                self.by_uid.pop(old.uid, None)
+            self.pods[key] = rec
+            self.by_uid[rec.uid] = key
+        self.asked.pop(key, None)
         rec = self.pods[key]
         self._unplace(rec)
         rec.node, rec.assumed = node, True

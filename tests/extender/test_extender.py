@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpu_tailor.extender import state as state_module
 from gpu_tailor.extender import verbs
-from gpu_tailor.extender.server import ApiBinder, make_app
+from gpu_tailor.extender.server import ApiBinder, ApiRefused, make_app
 from gpu_tailor.extender.state import ClusterState
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.inventory import NodeInventory, Offering
@@ -351,14 +351,20 @@ def test_preempt_agrees_with_a_cluster_that_never_had_the_evicted_pods() -> None
 
 
 class RecordingBinder:
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: bool = False, pods: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
         self.calls: list[tuple[str, str, str, str, str | None]] = []
         self.fail = fail
+        self.pods = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
+        self.reads: list[tuple[str, str]] = []
 
     async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None) -> None:
         self.calls.append((namespace, name, uid, node, gpus))
         if self.fail:
             raise RuntimeError("409 Conflict: pod already bound")
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.reads.append((namespace, name))
+        return self.pods.get((namespace, name))
 
 
 @pytest.fixture
@@ -411,9 +417,144 @@ async def test_watch_shows_the_pod_bound_elsewhere_and_the_assumption_goes(clien
 async def test_api_binder_patches_the_annotation_then_posts_the_binding() -> None:
     async with FakeApi() as api, api.api_client() as http:
         await ApiBinder(http).bind("gpu-jobs", "train-gpu4", "u-1", "h100-hgx-0", "0,1,2,3")
-    assert api.patches == [("gpu-jobs", "train-gpu4", {"metadata": {"annotations": {labels.ANN_GPUS: "0,1,2,3"}}})]
+    # the uid in the patch is a precondition: a pod recreated under the same name is not annotated
+    assert api.patches == [("gpu-jobs", "train-gpu4",
+                            {"metadata": {"uid": "u-1", "annotations": {labels.ANN_GPUS: "0,1,2,3"}}})]
     assert api.bindings[0]["target"] == {"apiVersion": "v1", "kind": "Node", "name": "h100-hgx-0"}
     assert api.bindings[0]["metadata"]["name"] == "train-gpu4"
+
+
+@pytest.mark.parametrize("status", [404, 409, 500])
+async def test_api_binder_raises_when_the_binding_is_refused(status: int) -> None:
+    """The Binding is posted without deserialising its answer (the API server answers a Status, not a
+    Binding), so the status must be checked by hand: a pod deleted after filter gets 404."""
+    async with FakeApi() as api, api.api_client() as http:
+        api.binding_status = status
+        with pytest.raises(ApiRefused) as refused:
+            await ApiBinder(http).bind("gpu-jobs", "train-gpu4", "u-1", "h100-hgx-0", "0,1,2,3")
+    assert refused.value.status == status
+    assert str(refused.value) == (f'Binding answered {status}: pods "train-gpu4" not found' if status == 404
+                                  else f"Binding answered {status}: conflict")
+
+
+async def test_api_binder_raises_when_the_pod_is_gone_before_the_annotation() -> None:
+    async with FakeApi() as api, api.api_client() as http:
+        api.patch_status = 404
+        with pytest.raises(ApiRefused) as refused:
+            await ApiBinder(http).bind("gpu-jobs", "train-gpu4", "u-1", "h100-hgx-0", "0,1,2,3")
+    assert str(refused.value) == 'annotating the pod answered 404: pods "train-gpu4" not found'
+    assert api.bindings == []  # nothing is bound after a failed annotation
+
+
+@pytest.mark.parametrize("refused", ["patch", "binding"])
+async def test_a_pod_deleted_mid_bind_is_an_error_and_its_gpus_are_free(client_for: Any, refused: str) -> None:
+    """kube-scheduler keeps a pod it was told is bound in its cache until the API shows it gone -- which a
+    deleted pod never does: a refused Binding answered as done leaves its GPUs taken for good."""
+    state = cluster()
+    async with FakeApi() as api, api.api_client() as http:
+        if refused == "patch":
+            api.patch_status = 404
+        else:
+            api.binding_status = 404
+        client = await client_for(state, ApiBinder(http))
+        out = await (await client.post("/bind", json=args("bind-pod-gpu4"))).json()
+    what = "annotating the pod" if refused == "patch" else "Binding"
+    assert out == {"Error": f"binding gpu-jobs/train-gpu4 to h100-hgx-0 failed: {what} answered 404: "
+                            'pods "train-gpu4" not found'}
+    assert state.nodes["h100-hgx-0"].gpus.free_whole() == list(range(8))
+    assert not state.pods["gpu-jobs/train-gpu4"].assumed
+
+
+async def test_api_binder_reads_a_pod_or_says_it_is_gone() -> None:
+    pod = pod_of("filter-nodecache-true-pod-gpu4")
+    async with FakeApi() as api, api.api_client() as http:
+        api.pods[("gpu-jobs", "train-gpu4")] = pod
+        binder = ApiBinder(http)
+        assert await binder.read_pod("gpu-jobs", "train-gpu4") == pod  # as the API has it: camelCase keys
+        assert await binder.read_pod("gpu-jobs", "gone") is None
+    assert api.pod_gets == [("gpu-jobs", "train-gpu4"), ("gpu-jobs", "gone")]
+
+
+def nodes_only() -> ClusterState:
+    """Synced, with the fixture nodes, before the pod watch delivered any pod."""
+    state = ClusterState()
+    state.reset_pods([])
+    state.reset_nodes([node_fixture(n) for n in NODE_NAMES])
+    return state
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+async def test_bind_before_the_watch_saw_the_pod_uses_the_pod_it_was_asked_about(client_for: Any,
+                                                                                 verb: str) -> None:
+    """kube-scheduler's informer can see a pod before the extender's watch does (2 cores, a busy API
+    server): the pod filter or prioritize was sent is what bind places."""
+    state, binder = nodes_only(), RecordingBinder()
+    client = await client_for(state, binder)
+    assert (await client.post(f"/{verb}", json=args(f"{verb}-nodecache-true-pod-gpu4"))).status == 200
+    assert (await (await client.post("/bind", json=args("bind-pod-gpu4"))).json()) == {"Error": ""}
+    assert binder.calls == [("gpu-jobs", "train-gpu4", "6c13e19b-2f1e-4262-ab21-f43017d2e42d", "h100-hgx-0",
+                             "0,1,2,3")]
+    assert binder.reads == []  # no GET needed
+    assert state.nodes["h100-hgx-0"].gpus.free_whole() == [4, 5, 6, 7]  # the next filter sees it
+    out = await (await client.post("/filter", json=args("filter-nodecache-true-pod-high-gpu8-after-preemption"))).json()
+    assert out["FailedNodes"]["h100-hgx-0"] == "8 whole GPUs asked, 4 of 8 free"
+    # the watch catches up: first the pod still pending (the assumption stands), then bound
+    pod = pod_of("filter-nodecache-true-pod-gpu4")
+    state.apply_pod("ADDED", pod)
+    assert state.pods["gpu-jobs/train-gpu4"].assumed and state.nodes["h100-hgx-0"].gpus.free_whole() == [4, 5, 6, 7]
+    bound = copy.deepcopy(pod)
+    bound["spec"]["nodeName"], bound["status"] = "h100-hgx-0", {"phase": "Running"}
+    bound["metadata"]["annotations"] = {labels.ANN_GPUS: "0,1,2,3"}
+    state.apply_pod("MODIFIED", bound)
+    assert not state.pods["gpu-jobs/train-gpu4"].assumed and state.nodes["h100-hgx-0"].gpus.free_whole() == [4, 5, 6, 7]
+    assert "gpu-jobs/train-gpu4" not in state.asked  # bound, and the watch has it
+
+
+async def test_bind_of_a_pod_nobody_has_seen_reads_it_from_the_api(client_for: Any) -> None:
+    state, binder = nodes_only(), RecordingBinder(pods=[pod_of("filter-nodecache-true-pod-gpu4")])
+    client = await client_for(state, binder)
+    assert (await (await client.post("/bind", json=args("bind-pod-gpu4"))).json()) == {"Error": ""}
+    assert binder.reads == [("gpu-jobs", "train-gpu4")]
+    assert binder.calls[0][4] == "0,1,2,3" and state.nodes["h100-hgx-0"].gpus.free_whole() == [4, 5, 6, 7]
+
+
+async def test_bind_of_a_pod_the_api_does_not_have_binds_nothing(client_for: Any) -> None:
+    state, binder = nodes_only(), RecordingBinder()
+    client = await client_for(state, binder)
+    out = await (await client.post("/bind", json=args("bind-pod-gpu4"))).json()
+    assert out == {"Error": "binding gpu-jobs/train-gpu4 to h100-hgx-0 failed: the pod is gone (not in the API)"}
+    assert binder.calls == [] and state.nodes["h100-hgx-0"].gpus.free_whole() == list(range(8))
+
+
+async def test_a_pod_asked_about_under_another_uid_is_not_the_one_bound(client_for: Any) -> None:
+    """A pod deleted and created again under the same name (a StatefulSet's) is another pod."""
+    state = nodes_only()
+    again = pod_of("filter-nodecache-true-pod-gpu4")
+    again["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "2"},
+                                                   "requests": {"nvidia.com/gpu": "2"}}
+    again["metadata"]["uid"] = "uid-again"
+    binder = RecordingBinder(pods=[again])
+    client = await client_for(state, binder)
+    await client.post("/filter", json=args("filter-nodecache-true-pod-gpu4"))  # the old pod, 4 GPUs
+    bind = {**args("bind-pod-gpu4"), "PodUID": "uid-again"}
+    assert (await (await client.post("/bind", json=bind)).json()) == {"Error": ""}
+    assert binder.reads == [("gpu-jobs", "train-gpu4")] and binder.calls[0][4] == "0,1"
+    read_back = {**again, "metadata": {**again["metadata"], "uid": "uid-other"}}
+    binder.pods[("gpu-jobs", "train-gpu4")] = read_back  # what the API has now is yet another pod
+    state2 = nodes_only()
+    client2 = await client_for(state2, binder)
+    out = await (await client2.post("/bind", json={**args("bind-pod-gpu4"), "PodUID": "uid-again"})).json()
+    assert "was replaced" in out["Error"] and len(binder.calls) == 1
+
+
+def test_the_pods_asked_about_are_kept_for_the_most_recent_few(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state_module, "KEPT_PENDING", 2)
+    state = nodes_only()
+    for name in ("a", "b", "c"):
+        state.remember(gpu_pod(name, 1))
+    assert list(state.asked) == ["gpu-jobs/b", "gpu-jobs/c"]  # the least recently asked went first
+    state.apply_pod("ADDED", gpu_pod("c", 1))  # the watch delivered it: nothing to remember any more
+    assert list(state.asked) == ["gpu-jobs/b"]
 
 
 async def test_restart_rebuilds_placements_from_annotations() -> None:
@@ -454,3 +595,76 @@ def test_real_filter_payloads_round_trip_as_json() -> None:
         out = verbs.filter_nodes(cluster(), args(name))
         assert set(out) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
         json.dumps(out)
+
+
+def two_containers(pod: dict[str, Any], resource: str) -> dict[str, Any]:
+    """The pod with a second container that asks for one unit of ``resource`` as well."""
+    second = copy.deepcopy(pod["spec"]["containers"][0])
+    second["name"] = "sidecar"
+    second["resources"] = {"limits": {resource: "1"}, "requests": {resource: "1"}}
+    pod["spec"]["containers"].append(second)
+    return pod
+
+
+async def test_replicas_of_one_ask_take_free_replicas_of_several_gpus(client_for: Any) -> None:
+    """Kubernetes counts nvidia.com/gpu.shared per node and the device plugin hands out any free replicas: a
+    2-replica pod fits a node with one free replica on each of two GPUs, and each replica is counted on its GPU."""
+    node = "t4-timeslice-renamed-0"
+    held = [gpu_pod(f"r{g}-{i}", 1, node=node, resource=labels.GPU_SHARED_RESOURCE,
+                    annotations={labels.ANN_GPUS: str(g)}) for g in range(4) for i in range(3)]
+    state, binder = cluster(held), RecordingBinder()
+    client = await client_for(state, binder)
+    for name, gpus in (("two-a", "0,1"), ("two-b", "2,3")):
+        pod = gpu_pod(name, 2, resource=labels.GPU_SHARED_RESOURCE)
+        out = await (await client.post("/filter", json={"Pod": pod, "NodeNames": [node]})).json()
+        assert out["NodeNames"] == [node], out
+        bind = {"PodName": name, "PodNamespace": "gpu-jobs", "PodUID": f"uid-{name}", "Node": node}
+        assert (await (await client.post("/bind", json=bind)).json()) == {"Error": ""}
+        assert binder.calls[-1][4] == gpus
+    assert [s.replicas_used for s in state.nodes[node].gpus.slots] == [4, 4, 4, 4]
+    out = await (await client.post("/filter", json={"Pod": gpu_pod("two-c", 2, resource=labels.GPU_SHARED_RESOURCE),
+                                                     "NodeNames": [node]})).json()
+    assert out["FailedNodes"] == {node: "shared:time-slicing:4: 0 of 16 free"}
+
+
+@pytest.mark.parametrize(("node", "resource", "gpus"), [
+    ("t4-timeslice-renamed-0", labels.GPU_SHARED_RESOURCE, (0, 0)),
+    ("a100-mig-mixed-0", "nvidia.com/mig-1g.5gb", (0, 0)),
+], ids=["replicas", "mig-instances"])
+def test_several_units_sit_where_that_many_one_unit_pods_would(node: str, resource: str,
+                                                               gpus: tuple[int, ...]) -> None:
+    """One model for one unit and for several: each unit goes where a one-unit pod would, so on an idle
+    node they stack on one GPU (the share packing scores them as), and each is counted there."""
+    state = cluster()
+    two = fit(state.nodes[node], demand_of(gpu_pod("two", 2, resource=resource)))
+    ones = state.nodes[node].gpus.copy()
+    for i in range(2):
+        one = fit(state.nodes[node], demand_of(gpu_pod(f"one-{i}", 1, resource=resource)))
+        assert one.placement is not None
+        state.nodes[node].gpus.place(f"gpu-jobs/one-{i}", one.placement)
+    assert two.ok and two.placement is not None and two.placement.gpus == gpus
+    ones.place("gpu-jobs/two", two.placement)
+    assert [(s.milli_used, s.mig) for s in ones.slots] == [(s.milli_used, s.mig) for s in state.nodes[node].gpus.slots]
+
+
+def test_mps_replicas_are_one_per_container() -> None:
+    """The device plugin fails a container's request for more than one MPS replica, renamed or not."""
+    mps = copy.deepcopy(node_fixture("v100-mps-0"))
+    mps["metadata"]["name"] = "v100-mps-renamed-0"
+    mps["status"]["allocatable"].update({"nvidia.com/gpu": "0", "nvidia.com/gpu.shared": "10"})
+    state = cluster(extra_nodes=[mps])
+    two = gpu_pod("two", 2, resource=labels.GPU_SHARED_RESOURCE)
+    out = verbs.filter_nodes(state, {"Pod": two, "NodeNames": ["v100-mps-renamed-0"]})
+    assert out["FailedAndUnresolvableNodes"] == {"v100-mps-renamed-0": (
+        "node sells nvidia.com/gpu.shared as shared:mps:10: the device plugin fails a container's request "
+        "for more than one replica")}
+    pair = two_containers(gpu_pod("pair", 1, resource=labels.GPU_SHARED_RESOURCE), labels.GPU_SHARED_RESOURCE)
+    out = verbs.filter_nodes(state, {"Pod": pair, "NodeNames": ["v100-mps-renamed-0"]})
+    assert out["NodeNames"] == ["v100-mps-renamed-0"]  # one replica in each of two containers runs
+
+
+def test_one_gpu_per_container_is_one_replica_each_where_nvidia_com_gpu_sells_replicas() -> None:
+    """The plain name is ambiguous only when one container asks for several: then it means GPUs."""
+    pair = two_containers(gpu_pod("pair", 1), labels.GPU_RESOURCE)
+    out = verbs.filter_nodes(cluster(), {"Pod": pair, "NodeNames": ["t4-timeslice-0", "h100-hgx-0"]})
+    assert out["NodeNames"] == ["t4-timeslice-0", "h100-hgx-0"]

@@ -37,10 +37,14 @@ class FakeApi:
         self.bindings: list[dict[str, Any]] = []
         self.patches: list[tuple[str, str, Any]] = []
         self.binding_status = 201
+        self.patch_status = 200
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}  # what GET /namespaces/{ns}/pods/{name} answers
+        self.pod_gets: list[tuple[str, str]] = []
         self.app = web.Application()
         self.app.router.add_get("/api/v1/{kind}", self._get)
         self.app.router.add_post("/api/v1/namespaces/{ns}/bindings", self._bind)
         self.app.router.add_patch("/api/v1/namespaces/{ns}/pods/{name}", self._patch)
+        self.app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}", self._get_pod)
         self.server: TestServer | None = None
         self.seen = asyncio.Condition()
 
@@ -112,11 +116,28 @@ class FakeApi:
         body = await request.json()
         self.bindings.append(body)
         if self.binding_status >= 300:
-            return web.json_response({"kind": "Status", "status": "Failure", "message": "conflict",
-                                      "code": self.binding_status}, status=self.binding_status)
+            return _failure(self.binding_status, str(body["metadata"]["name"]))
         return web.json_response({"kind": "Status", "status": "Success", "code": 201}, status=201)
 
     async def _patch(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.patches.append((request.match_info["ns"], request.match_info["name"], body))
+        if self.patch_status >= 300:
+            return _failure(self.patch_status, request.match_info["name"])
         return web.json_response({"kind": "Pod", "metadata": {"name": request.match_info["name"]}})
+
+    async def _get_pod(self, request: web.Request) -> web.Response:
+        key = (request.match_info["ns"], request.match_info["name"])
+        self.pod_gets.append(key)
+        pod = self.pods.get(key)
+        if pod is None:
+            return _failure(404, key[1])
+        return web.json_response(pod)
+
+
+def _failure(code: int, name: str) -> web.Response:
+    """A Status the way the API server words it for a pod that is gone, or for a conflict."""
+    message = f'pods "{name}" not found' if code == 404 else "conflict"
+    reason = "NotFound" if code == 404 else "Conflict"
+    return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+                              "reason": reason, "code": code}, status=code)
