@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -23,3 +24,11 @@ def review_fixture(letter: str) -> dict[str, Any]:
     assert len(matches) == 1, f"no single admission fixture for {letter!r}"
     review: dict[str, Any] = json.loads(matches[0].read_text())
     return review
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

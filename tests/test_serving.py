@@ -4,20 +4,13 @@ then requests in flight finish before the process exits."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gpu_tailor.serving import add_probes, serve_until_stopped
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.conftest import free_port
 
 
 class Slow:
@@ -50,11 +43,15 @@ async def until_listening(session: aiohttp.ClientSession, base: str) -> None:
     raise AssertionError("server never listened")
 
 
+def serve(slow: Slow, stop: asyncio.Event, port: int, drain: float, grace: float) -> asyncio.Task[None]:
+    return asyncio.create_task(serve_until_stopped(app_with(slow), f"127.0.0.1:{port}", None, None, "test",
+                                                   drain=drain, grace=grace, stop=stop))
+
+
 async def test_stop_turns_readiness_off_but_keeps_serving_during_the_drain() -> None:
     slow, stop, port = Slow(), asyncio.Event(), free_port()
     base = f"http://127.0.0.1:{port}"
-    server = asyncio.create_task(serve_until_stopped(app_with(slow), f"127.0.0.1:{port}", None, None, "test",
-                                                     drain=30.0, grace=5.0, stop=stop))
+    server = serve(slow, stop, port, drain=30.0, grace=5.0)
     async with aiohttp.ClientSession() as session:
         await until_listening(session, base)
         async with session.get(f"{base}/readyz") as resp:
@@ -72,8 +69,7 @@ async def test_stop_turns_readiness_off_but_keeps_serving_during_the_drain() -> 
 async def test_requests_in_flight_finish_after_the_listener_closes() -> None:
     slow, stop, port = Slow(), asyncio.Event(), free_port()
     base = f"http://127.0.0.1:{port}"
-    server = asyncio.create_task(serve_until_stopped(app_with(slow), f"127.0.0.1:{port}", None, None, "test",
-                                                     drain=0.0, grace=10.0, stop=stop))
+    server = serve(slow, stop, port, drain=0.0, grace=10.0)
     async with aiohttp.ClientSession() as session:
         await until_listening(session, base)
         in_flight = asyncio.create_task(session.get(f"{base}/slow"))

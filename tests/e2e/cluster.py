@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from tests.conftest import free_port
 from tests.e2e.kube import Kube, Obj, api_path, load_kubeconfig, wait_for, write_token_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,13 +32,6 @@ def k8s_dir() -> Path:
     """Where control-plane.sh lives: $GPU_TAILOR_K8S_DIR, else ../shared/k8s beside the repo."""
     env = os.environ.get("GPU_TAILOR_K8S_DIR")
     return Path(env) if env else REPO.parent / "shared" / "k8s"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class ControlPlane:

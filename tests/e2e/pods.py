@@ -58,22 +58,21 @@ def gpus_annotation(pod: Obj) -> list[int]:
     return [int(g) for g in raw.split(",") if g.strip()]
 
 
-def limits_of(pod: Obj, container: str) -> dict[str, Any]:
+def _resources(pod: Obj, container: str, which: str) -> dict[str, Any]:
     for key in ("initContainers", "containers"):
         for c in pod["spec"].get(key) or []:
             if c["name"] == container:
                 res = c.get("resources") or {}
-                return dict(res.get("limits") or {})
+                return dict(res.get(which) or {})
     raise AssertionError(f"pod has no container {container}")
+
+
+def limits_of(pod: Obj, container: str) -> dict[str, Any]:
+    return _resources(pod, container, "limits")
 
 
 def requests_of(pod: Obj, container: str) -> dict[str, Any]:
-    for key in ("initContainers", "containers"):
-        for c in pod["spec"].get(key) or []:
-            if c["name"] == container:
-                res = c.get("resources") or {}
-                return dict(res.get("requests") or {})
-    raise AssertionError(f"pod has no container {container}")
+    return _resources(pod, container, "requests")
 
 
 class Pods:

@@ -20,6 +20,7 @@ from typing import IO
 
 import yaml
 
+from tests.conftest import free_port
 from tests.e2e.cluster import (
     OPTED_IN,
     PLAIN,
@@ -28,7 +29,6 @@ from tests.e2e.cluster import (
     Rendered,
     create_namespace,
     fixture_nodes,
-    free_port,
     install_node,
     render,
     scheduler_config,

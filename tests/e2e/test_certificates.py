@@ -17,7 +17,7 @@ import pytest
 from cryptography import x509
 
 from gpu_tailor.certs.authority import Names, make_ca, make_serving, split_pem
-from tests.e2e.cluster import free_port
+from tests.conftest import free_port
 from tests.e2e.kube import ApiError, Kube, api_path, wait_for
 from tests.e2e.pods import Pods, gpu_pod, limits_of, unique
 from tests.e2e.services import Service, Stack

@@ -6,7 +6,6 @@ import asyncio
 import base64
 import json
 import signal
-import socket
 import ssl
 import sys
 from pathlib import Path
@@ -14,14 +13,7 @@ from pathlib import Path
 import aiohttp
 
 from gpu_tailor.certs.authority import Names, ensure
-from tests.conftest import FIXTURES, review_fixture
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.conftest import FIXTURES, free_port, review_fixture
 
 
 def write_cluster_file(path: Path) -> None:
