@@ -56,6 +56,8 @@ class Service:
 
     def start(self) -> None:
         assert not self.alive, f"{self.name} is already running"
+        if self._out is not None:  # it exited by itself (e.g. after SIGTERM): close the last run's log
+            self._out.close()
         self.starts += 1
         self._out = self.log.open("ab")
         self._out.write(f"\n===== start #{self.starts}: {' '.join(self.argv)}\n".encode())

@@ -8,9 +8,7 @@ import base64
 import datetime as dt
 import socket
 import ssl
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,7 +16,8 @@ from cryptography import x509
 
 from gpu_tailor.certs.authority import Names, make_ca, make_serving, split_pem
 from tests.conftest import free_port
-from tests.e2e.kube import ApiError, Kube, api_path, wait_for
+from tests.e2e.kube import Kube, api_path, wait_for
+from tests.e2e.load import Creates
 from tests.e2e.pods import Pods, gpu_pod, limits_of, unique
 from tests.e2e.services import Service, Stack
 
@@ -67,61 +66,6 @@ def serves(port: int, bundle: bytes, cert: x509.Certificate) -> Callable[[], boo
 def names(stack: Stack) -> Names:
     namespace = flag(stack.webhook.argv, "--certs-secret").split("/")[0]
     return Names(flag(stack.webhook.argv, "--service"), namespace, ips=("127.0.0.1",))
-
-
-class Creates:
-    """Pod creates through the webhook from 3 threads (dry-run: admission runs exactly as for a real
-    create, nothing is stored), counting successes and keeping every failure's message."""
-
-    def __init__(self, stack: Stack, limit_seconds: float = 90) -> None:
-        self.stack, self.limit = stack, limit_seconds
-        self.ok = 0
-        self.failures: list[str] = []
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-
-    def _run(self) -> None:
-        deadline = threading.Event()
-        timer = threading.Timer(self.limit, deadline.set)
-        timer.start()
-        try:
-            while not self.stop.is_set() and not deadline.is_set():
-                pod = gpu_pod(unique("rotation"), {"gpu-tailor.io/gpu-milli": "250"})
-                # a fresh name each time: creates are dry runs, nothing is stored
-                try:
-                    out = self.stack.kube.create(api_path("pods", self.stack.opted_in), pod, dry_run=True)
-                    rewritten = "gpu-tailor.io/gpu-milli" not in limits_of(out, "main")
-                    with self.lock:
-                        if rewritten:
-                            self.ok += 1
-                        else:
-                            self.failures.append("admitted without the webhook's rewrite")
-                except ApiError as exc:
-                    with self.lock:
-                        self.failures.append(f"{exc.status}: {exc.message}")
-        finally:
-            timer.cancel()
-
-    def count(self) -> int:
-        with self.lock:
-            return self.ok
-
-    def more(self, n: int, what: str) -> None:
-        """Until ``n`` more creates have gone through."""
-        target = self.count() + n
-        wait_for(lambda: self.count() >= target, 30, f"{n} more creates {what}")
-
-    @contextmanager
-    def running(self) -> Iterator[Creates]:
-        threads = [threading.Thread(target=self._run, daemon=True) for _ in range(3)]
-        for t in threads:
-            t.start()
-        try:
-            yield self
-        finally:
-            self.stop.set()
-            for t in threads:
-                t.join(timeout=30)
 
 
 def test_the_webhook_writes_the_ca_the_api_server_trusts(cluster: Stack) -> None:

@@ -1,0 +1,66 @@
+"""Pod creates through the webhook from a few threads, for tests that change something under load."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from tests.e2e.kube import ApiError, api_path, wait_for
+from tests.e2e.pods import gpu_pod, limits_of, unique
+from tests.e2e.services import Stack
+
+
+class Creates:
+    """Pod creates through the webhook from 3 threads (dry-run: admission runs exactly as for a real
+    create, nothing is stored), counting successes and keeping every failure's message."""
+
+    def __init__(self, stack: Stack, limit_seconds: float = 90) -> None:
+        self.stack, self.limit = stack, limit_seconds
+        self.ok = 0
+        self.failures: list[str] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def _run(self) -> None:
+        deadline = threading.Event()
+        timer = threading.Timer(self.limit, deadline.set)
+        timer.start()
+        try:
+            while not self.stop.is_set() and not deadline.is_set():
+                pod = gpu_pod(unique("rotation"), {"gpu-tailor.io/gpu-milli": "250"})
+                # a fresh name each time: creates are dry runs, nothing is stored
+                try:
+                    out = self.stack.kube.create(api_path("pods", self.stack.opted_in), pod, dry_run=True)
+                    rewritten = "gpu-tailor.io/gpu-milli" not in limits_of(out, "main")
+                    with self.lock:
+                        if rewritten:
+                            self.ok += 1
+                        else:
+                            self.failures.append("admitted without the webhook's rewrite")
+                except ApiError as exc:
+                    with self.lock:
+                        self.failures.append(f"{exc.status}: {exc.message}")
+        finally:
+            timer.cancel()
+
+    def count(self) -> int:
+        with self.lock:
+            return self.ok
+
+    def more(self, n: int, what: str) -> None:
+        """Until ``n`` more creates have gone through."""
+        target = self.count() + n
+        wait_for(lambda: self.count() >= target, 30, f"{n} more creates {what}")
+
+    @contextmanager
+    def running(self) -> Iterator[Creates]:
+        threads = [threading.Thread(target=self._run, daemon=True) for _ in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            yield self
+        finally:
+            self.stop.set()
+            for t in threads:
+                t.join(timeout=30)
