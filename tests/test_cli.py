@@ -35,3 +35,18 @@ def test_unknown_subcommand_is_an_error() -> None:
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(["frobnicate"])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize(("argv", "fragment"), [
+    (["--certs-secret", "gpu-tailor/x", "--tls-cert", "c", "--tls-key", "k"], "alternatives"),
+    (["--certs-secret", "gpu-tailor/x", "--cluster-file", "dump.json"], "needs the API server"),
+    (["--certs-secret", "gpu-tailor/x", "--cert-days", "30", "--renew-before", "30"], "must be more than"),
+    (["--tls-cert", "c"], "give --tls-cert and --tls-key, or --certs-secret"),
+    (["--certs-secret", "no-namespace", "--kubeconfig", "/nonexistent"], "expected NAMESPACE/NAME"),
+    (["--certs-secret", "gpu-tailor/x", "--ip", "not-an-ip", "--kubeconfig", "/nonexistent"], "not-an-ip"),
+], ids=["both-tls-sources", "secret-offline", "renew-every-check", "half-a-pair", "secret-without-namespace",
+        "bad-ip"])
+def test_webhook_certificate_flags_are_checked_before_anything_starts(
+        argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["webhook", *argv]) == 2
+    assert fragment in capsys.readouterr().err

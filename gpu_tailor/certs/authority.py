@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -106,7 +107,8 @@ def make_serving(ca_cert_pem: bytes, ca_key_pem: bytes, names: Names, days: int,
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns[2])]))
         .issuer_name(ca_cert.subject).public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(min(now + dt.timedelta(days=days), ca_cert.not_valid_after_utc))  # never outlive the CA
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, key_cert_sign=False,
@@ -120,15 +122,19 @@ def make_serving(ca_cert_pem: bytes, ca_key_pem: bytes, names: Names, days: int,
 
 
 def needs_renewal(cert_pem: bytes, names: Names, renew_before_days: int, now: dt.datetime,
-                  ca_cert_pem: bytes) -> str | None:
+                  ca_cert_pem: bytes, key_pem: bytes | None = None) -> str | None:
     """Why the serving certificate must be reissued, or None when it is fine as it is."""
     try:
         cert = x509.load_pem_x509_certificate(cert_pem)
         ca = x509.load_pem_x509_certificate(ca_cert_pem)
     except ValueError:
         return "unreadable certificate"
-    if cert.issuer != ca.subject:
+    try:  # the signature, not just the issuer's name: every CA of ours has the same name
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
         return "not issued by this CA"
+    if key_pem is not None and not _pair(cert, key_pem):
+        return "the key does not match the certificate"
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
@@ -140,6 +146,32 @@ def needs_renewal(cert_pem: bytes, names: Names, renew_before_days: int, now: dt
     if cert.not_valid_after_utc - now <= dt.timedelta(days=renew_before_days):
         return f"expires {cert.not_valid_after_utc:%Y-%m-%d}, within {renew_before_days} days"
     return None
+
+
+def _pair(cert: x509.Certificate, key_pem: bytes) -> bool:
+    """Whether ``key_pem`` is the private key of ``cert``."""
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError):
+        return False
+    public = serialization.PublicFormat.SubjectPublicKeyInfo
+    return bool(key.public_key().public_bytes(serialization.Encoding.DER, public)
+                == cert.public_key().public_bytes(serialization.Encoding.DER, public))
+
+
+def _ca_problem(ca_cert: bytes, ca_key: bytes, renew_before_days: int, now: dt.datetime) -> tuple[str, bool]:
+    """Why the stored CA must be replaced ("" if it is fine), and whether it can still be trusted
+    meanwhile (a CA near its end can; an unreadable one, or one whose key is not its own, cannot)."""
+    try:
+        ca = x509.load_pem_x509_certificate(ca_cert)
+    except ValueError:
+        return "the CA certificate is unreadable: new CA", False
+    if not _pair(ca, ca_key):
+        return "the CA key does not match the CA certificate: new CA", False
+    if ca.not_valid_after_utc - now <= dt.timedelta(days=renew_before_days):
+        return ("CA near expiry: new CA (the old one stays in the caBundle until it expires)",
+                ca.not_valid_after_utc > now)
+    return "", True
 
 
 def _expired(pem: bytes, now: dt.datetime) -> bool:
@@ -161,13 +193,10 @@ def renew(stored: dict[str, bytes], names: Names, days: int, renew_before_days: 
     ca_cert, ca_key = stored.get("ca.crt", b""), stored.get("ca.key", b"")
     previous = stored.get("ca-previous.crt", b"")
     if ca_cert and ca_key:
-        try:
-            ca_end = x509.load_pem_x509_certificate(ca_cert).not_valid_after_utc
-        except ValueError:
-            ca_end = now
-        if ca_end - now <= dt.timedelta(days=renew_before_days):
-            changed.append("CA near expiry: new CA (the old one stays in the caBundle until it expires)")
-            previous = ca_cert if ca_end > now else b""
+        problem, trusted = _ca_problem(ca_cert, ca_key, renew_before_days, now)
+        if problem:
+            changed.append(problem)
+            previous = ca_cert if trusted else b""
             ca_cert, ca_key = make_ca(now)
     else:
         ca_cert, ca_key = make_ca(now)
@@ -176,7 +205,7 @@ def renew(stored: dict[str, bytes], names: Names, days: int, renew_before_days: 
         previous = b""
         changed.append("previous CA expired: dropped from the caBundle")
     cert, key = stored.get("tls.crt", b""), stored.get("tls.key", b"")
-    reason = "missing" if not (cert and key) else needs_renewal(cert, names, renew_before_days, now, ca_cert)
+    reason = "missing" if not (cert and key) else needs_renewal(cert, names, renew_before_days, now, ca_cert, key)
     if reason:
         cert, key = make_serving(ca_cert, ca_key, names, days, now)
         changed.append(f"serving certificate issued ({reason})")

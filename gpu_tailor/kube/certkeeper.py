@@ -49,11 +49,12 @@ class CertStore(Protocol):
     async def write_secret(self, data: dict[str, bytes], resource_version: str | None) -> None:
         """Create (``resource_version`` None) or replace at that version; Conflict if it moved."""
 
-    async def read_bundles(self) -> list[bytes]:
-        """The caBundle of each webhook of the configuration, in order."""
+    async def read_bundles(self) -> tuple[list[bytes], str]:
+        """The caBundle of each webhook of the configuration, in order, and its resourceVersion."""
 
-    async def write_bundle(self, bundle: bytes) -> None:
-        """Set every webhook's caBundle to ``bundle``."""
+    async def write_bundle(self, bundle: bytes, resource_version: str) -> None:
+        """Set every webhook's caBundle to ``bundle``; Conflict if the configuration moved since
+        ``resource_version``."""
 
 
 @dataclass
@@ -106,14 +107,18 @@ class CertKeeper:
         would drop the CA the winner is about to serve. A loser's CA is harmless to keep: its key
         was never stored anywhere. (To revoke a CA, delete the Secret and clear the caBundle.)
         """
-        now = self.clock()
-        bundles = await self.store.read_bundles()
-        want = merge_bundle(material.ca_bundle(), [ca for b in bundles for ca in split_pem(b)], now)
-        if bundles and all(b == want for b in bundles):
-            return []
-        await self.store.write_bundle(want)
-        log.info("caBundle written into the webhook configuration")
-        return ["caBundle written"]
+        for _ in range(5):
+            bundles, rv = await self.store.read_bundles()
+            want = merge_bundle(material.ca_bundle(), [ca for b in bundles for ca in split_pem(b)], self.clock())
+            if bundles and all(b == want for b in bundles):
+                return []
+            try:
+                await self.store.write_bundle(want, rv)
+            except Conflict:  # another replica wrote it since we read it: merge with theirs
+                continue
+            log.info("caBundle written into the webhook configuration")
+            return ["caBundle written"]
+        raise Conflict("the webhook configuration kept changing while its caBundle was written")
 
     def _serve(self, material: Material) -> None:
         if self.material is not None and (self.material.cert, self.material.key) == (material.cert, material.key):
@@ -162,6 +167,8 @@ class ApiCertStore:
 
     def __init__(self, api: Any, namespace: str, secret: str, webhook_config: str) -> None:
         self.api, self.namespace, self.secret, self.webhook_config = api, namespace, secret, webhook_config
+        self._hooks: list[str] = []  # the webhooks' names as last read
+        self._secret: dict[str, Any] = {}  # the Secret as last read (its type, labels and annotations are kept)
 
     async def _call(self, method: str, path: str, body: Any = None,
                     content_type: str = "application/json") -> tuple[int, Any]:
@@ -171,7 +178,7 @@ class ApiCertStore:
         raw = await resp.read()
         status = int(resp.status)
         data = json.loads(raw) if raw else {}
-        if status >= 300 and status not in (404, 409):
+        if status >= 300 and status not in (404, 409, 422):
             raise RuntimeError(f"{method} {path}: HTTP {status}: {data.get('message', raw[:200])}")
         return status, data
 
@@ -186,18 +193,29 @@ class ApiCertStore:
     async def read_secret(self) -> tuple[dict[str, bytes], str | None]:
         status, obj = await self._call("GET", self._secret_path)
         if status == 404:
+            self._secret = {}
             return {}, None
+        self._secret = obj
         data = {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
         return data, str(obj["metadata"]["resourceVersion"])
 
     async def write_secret(self, data: dict[str, bytes], resource_version: str | None) -> None:
+        # An update keeps what others put on the Secret: its type (immutable: an Opaque Secret made
+        # by hand stays Opaque), labels, annotations and data keys that are not ours.
+        last = self._secret if resource_version is not None else {}
+        last_meta = last.get("metadata") or {}
         meta: dict[str, Any] = {"name": self.secret, "namespace": self.namespace,
-                                "labels": {"app.kubernetes.io/name": "gpu-tailor-webhook",
+                                "labels": {**(last_meta.get("labels") or {}),
+                                           "app.kubernetes.io/name": "gpu-tailor-webhook",
                                            "app.kubernetes.io/managed-by": "gpu-tailor"}}
+        if last_meta.get("annotations"):
+            meta["annotations"] = last_meta["annotations"]
         if resource_version is not None:
             meta["resourceVersion"] = resource_version
-        body = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls", "metadata": meta,
-                "data": {k: base64.b64encode(v).decode() for k, v in sorted(data.items())}}
+        others = {k: v for k, v in (last.get("data") or {}).items() if k not in FILES}
+        body = {"apiVersion": "v1", "kind": "Secret", "type": last.get("type") or "kubernetes.io/tls",
+                "metadata": meta,
+                "data": {**others, **{k: base64.b64encode(v).decode() for k, v in sorted(data.items())}}}
         if resource_version is None:
             status, _ = await self._call("POST", f"/api/v1/namespaces/{self.namespace}/secrets", body)
         else:
@@ -205,25 +223,23 @@ class ApiCertStore:
         if status in (404, 409):  # created by another replica meanwhile, or replaced since we read it
             raise Conflict(self._secret_path)
 
-    async def read_bundles(self) -> list[bytes]:
+    async def read_bundles(self) -> tuple[list[bytes], str]:
         status, obj = await self._call("GET", self._config_path)
         if status == 404:
             raise RuntimeError(f"MutatingWebhookConfiguration {self.webhook_config} not found: apply manifests/")
-        hooks = obj.get("webhooks") or []
-        return [base64.b64decode((h.get("clientConfig") or {}).get("caBundle") or "") for h in hooks]
+        self._hooks = [str(h["name"]) for h in obj.get("webhooks") or []]
+        bundles = [base64.b64decode((h.get("clientConfig") or {}).get("caBundle") or "") for h in obj.get("webhooks")
+                   or []]
+        return bundles, str(obj["metadata"]["resourceVersion"])
 
-    async def write_bundle(self, bundle: bytes) -> None:
-        status, obj = await self._call("GET", self._config_path)
-        if status == 404:
-            raise RuntimeError(f"MutatingWebhookConfiguration {self.webhook_config} not found: apply manifests/")
+    async def write_bundle(self, bundle: bytes, resource_version: str) -> None:
         value = base64.b64encode(bundle).decode()
-        # a JSON patch guarded by the resourceVersion and each webhook's name: it changes nothing
-        # but the caBundle, and fails rather than touch a configuration that changed meanwhile
-        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
-                                      "value": obj["metadata"]["resourceVersion"]}]
-        for i, hook in enumerate(obj.get("webhooks") or []):
-            ops.append({"op": "test", "path": f"/webhooks/{i}/name", "value": hook["name"]})
+        # a JSON patch guarded by the resourceVersion that was read and each webhook's name: it changes
+        # nothing but the caBundle, and fails rather than overwrite a configuration that changed since
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}]
+        for i, name in enumerate(self._hooks):
+            ops.append({"op": "test", "path": f"/webhooks/{i}/name", "value": name})
             ops.append({"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": value})
         status, _ = await self._call("PATCH", self._config_path, ops, "application/json-patch+json")
-        if status in (404, 409):
+        if status in (404, 409, 422):  # a failed "test" op is 422 Unprocessable Entity
             raise Conflict(self._config_path)

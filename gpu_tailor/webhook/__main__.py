@@ -55,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
     if args.certs_secret and args.cluster_file:
         print("gpu-tailor webhook: --certs-secret needs the API server (not --cluster-file)", file=sys.stderr)
         return 2
+    if args.certs_secret and args.cert_days <= args.renew_before:
+        print(f"gpu-tailor webhook: --cert-days {args.cert_days} must be more than --renew-before "
+              f"{args.renew_before} (else every check would issue a new certificate)", file=sys.stderr)
+        return 2
     if not args.certs_secret and (not args.tls_cert or not args.tls_key):
         print("gpu-tailor webhook: give --tls-cert and --tls-key, or --certs-secret (the API server only "
               "calls HTTPS)", file=sys.stderr)

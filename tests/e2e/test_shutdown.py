@@ -13,7 +13,7 @@ import pytest
 
 from tests.e2e.kube import wait_for
 from tests.e2e.load import Creates
-from tests.e2e.services import Stack
+from tests.e2e.services import Service, Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +29,12 @@ def readiness(url: str) -> int:
 
 
 def test_sigterm_turns_readiness_off_keeps_answering_then_exits_cleanly(cluster: Stack) -> None:
-    webhook = cluster.webhook
+    # The manifests' drain (2 s) is for endpoints to catch up; here the test must see creates go
+    # through after readiness went off on a loaded machine, so this replica drains for 10 s.
+    cluster.webhook.stop()
+    webhook = Service("gpu-tailor webhook (--drain 10)", [*cluster.webhook.argv, "--drain", "10"],
+                      cluster.webhook.log, cluster.webhook.ready_url)
+    webhook.start()
     load = Creates(cluster)
     with load.running():
         load.more(5, "before SIGTERM")
@@ -41,9 +46,12 @@ def test_sigterm_turns_readiness_off_keeps_answering_then_exits_cleanly(cluster:
         code = wait_for(lambda: webhook.proc is not None and webhook.proc.poll() is not None, 30,
                         "the webhook to exit after its drain")
         assert code
-    assert webhook.proc is not None and webhook.proc.returncode == 0, webhook.tail()
+    assert webhook.proc is not None
+    returncode = webhook.proc.returncode
+    webhook.stop()  # already exited: this closes its log
+    assert returncode == 0, webhook.tail()
     # once it is gone the API server is refused a connection (failurePolicy: Fail); no request it had
     # taken was left unanswered until the API server's timeout
     assert not [f for f in load.failures if "deadline exceeded" in f or "Timeout" in f], load.failures[:5]
-    webhook.start()
+    cluster.webhook.start()
     cluster.wait_admission_works(timeout=10)

@@ -24,9 +24,11 @@ class MemoryStore:
         self.data: dict[str, bytes] = {}
         self.version = 0  # 0: no Secret
         self.bundles = [b""] * webhooks
+        self.bundle_version = 0
         self.secret_writes = 0
         self.bundle_writes: list[bytes] = []
         self.before_write: list[object] = []  # callables run before the next secret write (a racing replica)
+        self.before_bundle_write: list[object] = []  # ... and before the next bundle write
 
     async def read_secret(self) -> tuple[dict[str, bytes], str | None]:
         return dict(self.data), (str(self.version) if self.version else None)
@@ -41,11 +43,17 @@ class MemoryStore:
         self.data, self.version = dict(data), self.version + 1
         self.secret_writes += 1
 
-    async def read_bundles(self) -> list[bytes]:
-        return list(self.bundles)
+    async def read_bundles(self) -> tuple[list[bytes], str]:
+        return list(self.bundles), str(self.bundle_version)
 
-    async def write_bundle(self, bundle: bytes) -> None:
+    async def write_bundle(self, bundle: bytes, resource_version: str) -> None:
+        while self.before_bundle_write:
+            hook = self.before_bundle_write.pop(0)
+            await hook()  # type: ignore[operator]
+        if resource_version != str(self.bundle_version):
+            raise Conflict("bundle")
         self.bundles = [bundle] * len(self.bundles)
+        self.bundle_version += 1
         self.bundle_writes.append(bundle)
 
 
@@ -103,6 +111,7 @@ async def test_a_cleared_bundle_is_put_back(tmp_path: Path) -> None:
     k = keeper(store, tmp_path)
     await k.sync()
     store.bundles = [b""]  # e.g. a re-apply of a configuration that carried no caBundle
+    store.bundle_version += 1
     assert await k.sync() == ["caBundle written"]
     assert store.bundles == [store.data["ca.crt"]] and store.secret_writes == 1
 
@@ -172,20 +181,51 @@ async def test_ca_rotation_writes_the_bundle_before_the_secret(tmp_path: Path) -
     await keeper(store, tmp_path / "b").sync()  # now: the CA ends within 30 days
     new_ca = store.data["ca.crt"]
     assert new_ca != old_ca and seen == [new_ca + old_ca] and store.bundles == [new_ca + old_ca]
+    # the serving certificate is reissued under the new CA, and does not outlive it
+    served_now = x509.load_pem_x509_certificate(store.data["tls.crt"])
+    served_now.verify_directly_issued_by(x509.load_pem_x509_certificate(new_ca))
     # a replica still serving the old CA's certificate stays trusted by the new bundle
     assert handshake(keeper_a.reloader.ctx, store.bundles[0]) == served_serial(keeper_a)
 
 
-async def test_a_secret_whose_pair_does_not_load_is_not_served(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("tls.key", "other", "serving certificate issued (the key does not match the certificate)"),
+    ("tls.key", "garbage", "serving certificate issued (the key does not match the certificate)"),
+    ("tls.crt", "garbage", "serving certificate issued (unreadable certificate)"),
+    ("ca.key", "other", "the CA key does not match the CA certificate: new CA"),
+    ("ca.key", "garbage", "the CA key does not match the CA certificate: new CA"),
+    ("ca.crt", "garbage", "the CA certificate is unreadable: new CA"),
+], ids=["tls.key-of-another-pair", "tls.key-garbage", "tls.crt-garbage", "ca.key-of-another-ca", "ca.key-garbage",
+        "ca.crt-garbage"])
+async def test_a_damaged_secret_is_repaired_not_served(tmp_path: Path, key: str, value: str, expected: str) -> None:
+    """A Secret edited by hand (or half-restored from a backup) must not take the webhook down: the
+    replicas issue what is broken again, and serve only a pair the bundle trusts."""
     store = MemoryStore()
     k = keeper(store, tmp_path)
     await k.sync()
-    good = served_serial(k)
-    other = keeper(MemoryStore(), tmp_path / "other")
-    await other.sync()
-    # a key from elsewhere, with a certificate still valid for our names: renew() keeps both
-    store.data["tls.key"] = (tmp_path / "other" / "tls.key").read_bytes()
+    other = MemoryStore()
+    await keeper(other, tmp_path / "other").sync()
+    store.data[key] = other.data[key] if value == "other" else b"-----BEGIN PRIVATE KEY-----\nnot base64\n"
     store.version += 1
-    with pytest.raises(ssl.SSLError):
-        await k.sync()
-    assert handshake(k.reloader.ctx, store.bundles[0]) == good  # the last good pair is still served
+    changed = await keeper(store, tmp_path / "restarted").sync()  # a replica starting on the damaged Secret
+    assert expected in changed
+    assert await k.sync() == []  # the running replica adopts the repaired Secret
+    assert handshake(k.reloader.ctx, store.bundles[0]) == served_serial(k)
+    if key.startswith("ca."):  # a CA that is not whole is not kept trusted
+        assert "ca-previous.crt" not in store.data
+
+
+async def test_a_bundle_written_between_read_and_write_is_merged_not_overwritten(tmp_path: Path) -> None:
+    store = MemoryStore()
+    a = keeper(store, tmp_path / "a")
+    other = MemoryStore()
+    await keeper(other, tmp_path / "other").sync()
+    foreign_ca = other.data["ca.crt"]
+
+    async def someone_writes() -> None:  # another replica's CA lands between a's read and a's write
+        store.bundles = [foreign_ca]
+        store.bundle_version += 1
+
+    store.before_bundle_write.append(someone_writes)
+    await a.sync()
+    assert set(split_pem(store.bundles[0])) == {store.data["ca.crt"], foreign_ca}

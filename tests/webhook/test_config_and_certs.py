@@ -120,3 +120,21 @@ def test_ca_rotation_keeps_the_old_ca_trusted_until_it_expires(tmp_path: Path) -
                          now=now + dt.timedelta(days=3651))
     assert "previous CA expired: dropped from the caBundle" in changed
     assert m3.ca_bundle() == m2.ca_cert and not (tmp_path / "ca-previous.crt").exists()
+
+
+def test_after_a_ca_rotation_no_certificate_signed_by_the_old_ca_is_kept(tmp_path: Path) -> None:
+    """Every CA is named gpu-tailor-ca: the serving certificate must be checked against the CA's key,
+    or a certificate from the old CA would be kept past the old CA's end (and stop being trusted)."""
+    start = dt.datetime(2026, 11, 21, tzinfo=dt.UTC)
+    ensure(tmp_path, Names("svc", "ns"), days=365, renew_before_days=30, now=start)
+    rotation = start + dt.timedelta(days=3650 - 20)  # CA within 30 days of its end
+    m, changed = ensure(tmp_path, Names("svc", "ns"), days=365, renew_before_days=30, now=rotation)
+    assert "serving certificate issued (not issued by this CA)" in changed
+    cert, ca = x509.load_pem_x509_certificate(m.cert), x509.load_pem_x509_certificate(m.ca_cert)
+    cert.verify_directly_issued_by(ca)
+    # and a serving certificate never outlives the CA that signed it
+    old_ca = x509.load_pem_x509_certificate(m.previous_ca)
+    _, changed = ensure(tmp_path, Names("svc", "ns"), days=365, renew_before_days=30,
+                        now=old_ca.not_valid_after_utc + dt.timedelta(days=1))
+    assert changed == ["previous CA expired: dropped from the caBundle"]
+    assert cert.not_valid_after_utc <= ca.not_valid_after_utc
