@@ -26,7 +26,7 @@ import random
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 
-from gpu_tailor.gpumodel.packing import MILLI
+from gpu_tailor.gpumodel.fleet import MILLI
 from gpu_tailor.simulate.cli import bundled_trace, parse_seeds
 from gpu_tailor.simulate.headroom import headroom
 from gpu_tailor.simulate.trace import TracePod, arrivals, load_nodes, load_pods, replay

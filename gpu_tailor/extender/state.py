@@ -33,9 +33,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpu_tailor.gpumodel.fleet import Fleet, Shape
 from gpu_tailor.gpumodel.inventory import Health, HealthState, NodeInventory, Offering, from_node
 from gpu_tailor.gpumodel.occupancy import Placement
-from gpu_tailor.gpumodel.packing import Fleet, Shape, TailorPolicy
+from gpu_tailor.gpumodel.policies import TailorPolicy
 from gpu_tailor.gpumodel.products import Product
 from gpu_tailor.gpumodel.schedule import (
     Demand,

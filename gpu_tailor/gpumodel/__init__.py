@@ -6,7 +6,8 @@ them) and frozen values, so admission and scheduling always compute the same num
 Modules: ``labels`` (every name), ``quantity`` (Kubernetes quantities), ``resources`` (NVIDIA resource
 names), ``mig`` (MIG profiles per SKU), ``products`` (product-label normalisation), ``inventory``
 (node -> what it offers and its health), ``ask`` (pod -> what it asks), ``topology`` (links and set
-scores), ``occupancy`` (per-GPU use of a node).
+scores), ``occupancy`` (per-GPU use of a node), ``fleet`` (every node's free resources as arrays, for
+placement) and ``policies`` (placement policies that score the fleet's candidate placements).
 """
 
 from gpu_tailor.gpumodel.ask import AskError, ContainerAsk, Isolation, PodAsk, Topology, from_pod

@@ -13,10 +13,10 @@ from typing import Any
 
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import PodAsk, Topology, from_pod
+from gpu_tailor.gpumodel.fleet import Shape
 from gpu_tailor.gpumodel.inventory import BackingKind, HealthState, NodeInventory, Offering, UnitsRefusal, units_refusal
 from gpu_tailor.gpumodel.mig import sku_for_product
 from gpu_tailor.gpumodel.occupancy import FULL, NodeGpus, Placement, parse_gpu_annotation
-from gpu_tailor.gpumodel.packing import Shape
 from gpu_tailor.gpumodel.quantity import parse_quantity
 from gpu_tailor.gpumodel.topology import infer
 

@@ -11,8 +11,9 @@ from importlib import resources
 from pathlib import Path
 from statistics import mean
 
+from gpu_tailor.gpumodel.fleet import MILLI
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
-from gpu_tailor.gpumodel.packing import MILLI, POLICIES
+from gpu_tailor.gpumodel.policies import POLICIES
 from gpu_tailor.simulate.headroom import Headroom, headroom
 from gpu_tailor.simulate.trace import RunResult, TraceError, arrivals, load_nodes, load_pods, replay
 

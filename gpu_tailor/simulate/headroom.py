@@ -20,7 +20,7 @@ import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from gpu_tailor.gpumodel.packing import MILLI, Shape
+from gpu_tailor.gpumodel.fleet import MILLI, Shape
 from gpu_tailor.simulate.trace import TraceNode
 
 

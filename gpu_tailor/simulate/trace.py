@@ -1,7 +1,7 @@
 """Replay a GPU cluster trace (Alibaba openb) with the protocol of the FGD paper (USENIX ATC'23).
 
 The simulator only turns CSV rows into fleet nodes and pod shapes and replays arrivals; every
-decision is made by ``gpumodel.packing``, the engine the extender runs.
+decision is made by ``gpumodel.policies`` over a ``gpumodel.fleet``, the engine the extender runs.
 
 Protocol: sort pods by name and shuffle with the seed; inflate to ``inflate`` x GPU capacity by
 drawing extra pods (with replacement, from the name-sorted originals) after the shuffled ones; rank
@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from gpu_tailor.gpumodel.packing import MILLI, POLICIES, FgdPolicy, Fleet, Mix, Policy, Shape
+from gpu_tailor.gpumodel.fleet import MILLI, Fleet, Shape
+from gpu_tailor.gpumodel.policies import POLICIES, FgdPolicy, Mix, Policy
 from gpu_tailor.gpumodel.topology import GpuTopology, nvlink_pairs, nvswitch
 
 TOPOLOGIES = ("none", "hgx", "pairs")

@@ -18,8 +18,8 @@ from gpu_tailor.extender import verbs
 from gpu_tailor.extender.server import ApiBinder, ApiRefused, make_app
 from gpu_tailor.extender.state import ClusterState
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.fleet import MILLI
 from gpu_tailor.gpumodel.inventory import NodeInventory, Offering
-from gpu_tailor.gpumodel.packing import MILLI
 from gpu_tailor.gpumodel.schedule import Demand, Fit, NodeState, demand_of, fit, inventory_verdict
 from tests.conftest import FIXTURES, load_fixture, node_fixture
 from tests.kube.fakeapi import FakeApi

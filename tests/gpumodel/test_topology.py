@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.fleet import MILLI, OTHER_NVLINK, Fleet
 from gpu_tailor.gpumodel.inventory import from_node
-from gpu_tailor.gpumodel.packing import MILLI, OTHER_NVLINK, Fleet
 from gpu_tailor.gpumodel.topology import GpuTopology, Link, infer, nvlink_pairs, nvswitch, pcie
 from tests.conftest import node_fixture
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_tailor.gpumodel.packing import Shape
+from gpu_tailor.gpumodel.fleet import Shape
 from gpu_tailor.simulate.headroom import headroom
 from gpu_tailor.simulate.trace import TraceNode
 

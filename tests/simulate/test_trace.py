@@ -9,16 +9,14 @@ from pathlib import Path
 import pytest
 
 from gpu_tailor.cli import main
-from gpu_tailor.gpumodel.packing import (
+from gpu_tailor.gpumodel.fleet import Fleet, Shape, candidates
+from gpu_tailor.gpumodel.policies import (
     MODEL_RESERVE_FROM,
     BestFitPolicy,
     FgdPolicy,
-    Fleet,
     GpuPackingPolicy,
     Mix,
-    Shape,
     TailorPolicy,
-    candidates,
 )
 from gpu_tailor.simulate.cli import bundled_trace, parse_seeds
 from gpu_tailor.simulate.trace import TraceError, TracePod, _curve, arrivals, load_nodes, load_pods, replay

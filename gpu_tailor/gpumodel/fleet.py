@@ -1,0 +1,260 @@
+"""The fleet as placement sees it: every node's free resources as numpy arrays, and the pod's shape.
+
+This is half of the one placement engine of the project (the other half is ``policies``, which
+score what this module offers). The extender's filter and prioritize use it for the candidate nodes
+of a live cluster, and the trace simulator for every arrival of a replayed trace, so what the
+simulator proves is what the scheduler does.
+
+A node is reduced to what placement needs: free CPU (milli), free memory (MiB), the free share of
+each GPU (milli, 1000 = idle; -1 pads nodes with fewer GPUs than the widest one), its GPU model and
+optionally its GPU interconnect. A pod is a ``Shape``: CPU, memory, and ``gpus`` GPUs of ``milli``
+each (a sharing pod has gpus == 1 and milli < 1000; whole-GPU pods have milli == 1000).
+``candidates`` lists where a pod could go as ``PlacementCandidates``, arrays over every feasible
+placement, so that a policy scores them all at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpu_tailor.gpumodel.topology import GpuTopology
+
+MILLI = 1000
+Array = np.ndarray[Any, Any]
+
+# how a node's GPUs are NVLinked, for answering "is an all-NVLink set of k idle GPUs free" on many
+# rows at once (``Fleet.nvlinked``); rows of any other shape are asked one by one
+NO_TOPOLOGY, NO_NVLINK, ALL_NVLINK, NVLINK_PAIRS, OTHER_NVLINK = range(5)
+
+
+def _link_class(topology: GpuTopology | None, gpus: int) -> int:
+    if topology is None:
+        return NO_TOPOLOGY
+    n = topology.size
+    if n != gpus:
+        return OTHER_NVLINK
+    pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
+    linked = {(a, b) for a, b in pairs if topology.nvlinked(a, b)}
+    if not linked:
+        return NO_NVLINK
+    if len(linked) == len(pairs):
+        return ALL_NVLINK
+    if n % 2 == 0 and linked == {(a, b) for a, b in pairs if a // 2 == b // 2}:
+        return NVLINK_PAIRS
+    return OTHER_NVLINK
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What one pod needs. ``models`` restricts the GPU model (empty = any)."""
+
+    cpu: int
+    mem: int
+    gpus: int = 0
+    milli: int = 0
+    models: frozenset[str] = frozenset()
+    nvlink: bool = False  # a multi-GPU ask that must sit on an all-NVLink set
+
+    @property
+    def sharing(self) -> bool:
+        return self.gpus == 1 and 0 < self.milli < MILLI
+
+    @property
+    def gpu_milli(self) -> int:
+        return self.gpus * self.milli
+
+    @property
+    def kind(self) -> tuple[int, int, int, frozenset[str]]:
+        """The pod type as FGD groups pods: (cpu, milli per GPU, GPUs, allowed models)."""
+        return (self.cpu, self.milli, self.gpus, self.models)
+
+
+
+
+class Fleet:
+    """Free resources of every node, as arrays; rows are node slots, stable for a node's life."""
+
+    def __init__(self, width: int = 8) -> None:
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.models: list[str] = []
+        self.model_ids: dict[str, int] = {}
+        self.topologies: list[GpuTopology | None] = []
+        self.width = width
+        self.n = 0
+        cap = 16
+        self.cpu = np.zeros(cap, np.int64)
+        self.mem = np.zeros(cap, np.int64)
+        self.cpu_cap = np.zeros(cap, np.int64)
+        self.gpu = np.full((cap, width), -1, np.int64)
+        self.ngpu = np.zeros(cap, np.int64)
+        self.model = np.full(cap, -1, np.int64)
+        self.alive = np.zeros(cap, bool)
+        self.rank = np.zeros(cap, np.int64)  # score ties go to the lowest rank
+        self.gen = np.zeros(cap, np.int64)  # bumped on every change: caches refresh those rows
+        self.link = np.zeros(cap, np.int64)  # NO_TOPOLOGY, ALL_NVLINK, ...
+        self.max_cpu = 1
+        self.max_gpus = 1
+
+    # ----- building and updating -----
+    def model_id(self, model: str) -> int:
+        if model not in self.model_ids:
+            self.model_ids[model] = len(self.models)
+            self.models.append(model)
+        return self.model_ids[model]
+
+    def _grow(self, rows: int, width: int) -> None:
+        cap = max(rows, len(self.cpu))
+        if cap > len(self.cpu):
+            cap = max(cap, 2 * len(self.cpu))
+        if cap == len(self.cpu) and width <= self.width:
+            return
+        width = max(width, self.width)
+        for attr in ("cpu", "mem", "cpu_cap", "ngpu", "rank", "gen", "link"):
+            old = getattr(self, attr)
+            new = np.zeros(cap, old.dtype)
+            new[: len(old)] = old
+            setattr(self, attr, new)
+        model = np.full(cap, -1, np.int64)
+        model[: len(self.model)] = self.model
+        self.model = model
+        alive = np.zeros(cap, bool)
+        alive[: len(self.alive)] = self.alive
+        self.alive = alive
+        gpu = np.full((cap, width), -1, np.int64)
+        gpu[: self.gpu.shape[0], : self.width] = self.gpu
+        self.gpu, self.width = gpu, width
+
+    def upsert(self, name: str, cpu_free: int, mem_free: int, gpu_free: Sequence[int], model: str = "",
+               topology: GpuTopology | None = None, cpu_capacity: int | None = None) -> int:
+        """Add a node or replace what is known of it; returns its row."""
+        i = self.index.get(name)
+        if i is None:
+            i = self.n
+            self._grow(i + 1, len(gpu_free))
+            self.n += 1
+            self.names.append(name)
+            self.topologies.append(topology)
+            self.index[name] = i
+            self.rank[i] = i
+        else:
+            self._grow(self.n, len(gpu_free))
+            self.topologies[i] = topology
+        self.cpu[i], self.mem[i] = cpu_free, mem_free
+        self.cpu_cap[i] = cpu_capacity if cpu_capacity is not None else cpu_free
+        self.gpu[i] = -1
+        self.gpu[i, : len(gpu_free)] = gpu_free
+        self.ngpu[i] = len(gpu_free)
+        self.model[i] = self.model_id(model) if model else -1
+        self.link[i] = _link_class(topology, len(gpu_free))
+        self.alive[i] = True
+        self.gen[i] += 1
+        self.max_cpu = max(self.max_cpu, int(self.cpu_cap[i]))
+        self.max_gpus = max(self.max_gpus, len(gpu_free))
+        return i
+
+    def remove(self, name: str) -> None:
+        i = self.index.get(name)
+        if i is not None:
+            self.alive[i] = False
+            self.gen[i] += 1
+
+    def take(self, node: int, shape: Shape, gpus: Iterable[int]) -> None:
+        self.cpu[node] -= shape.cpu
+        self.mem[node] -= shape.mem
+        for g in gpus:
+            self.gpu[node, g] -= shape.milli
+        self.gen[node] += 1
+
+    def release(self, node: int, shape: Shape, gpus: Iterable[int]) -> None:
+        self.cpu[node] += shape.cpu
+        self.mem[node] += shape.mem
+        for g in gpus:
+            self.gpu[node, g] += shape.milli
+        self.gen[node] += 1
+
+    # ----- questions -----
+    def rows(self, names: Iterable[str] | None = None) -> Array:
+        if names is None:
+            return np.flatnonzero(self.alive[: self.n])
+        idx = [self.index[n] for n in names if n in self.index]
+        arr = np.asarray(idx, np.int64)
+        return arr[self.alive[arr]] if len(arr) else arr
+
+    def model_allowed(self, shape: Shape, rows: Array) -> Array:
+        if not shape.models or shape.gpus == 0:
+            return np.ones(len(rows), bool)
+        ids = [self.model_ids[m] for m in shape.models if m in self.model_ids]
+        return np.isin(self.model[rows], ids)
+
+    def feasible(self, shape: Shape, rows: Array) -> Array:
+        """Which of ``rows`` the pod fits on right now."""
+        ok = (self.cpu[rows] >= shape.cpu) & (self.mem[rows] >= shape.mem) & self.model_allowed(shape, rows)
+        if shape.gpus:
+            gpu = self.gpu[rows]
+            ok &= (gpu >= shape.milli).sum(axis=1) >= shape.gpus
+        if shape.nvlink and shape.gpus > 1:
+            ok &= self.nvlinked(rows, shape.gpus)
+        return ok
+
+    def free_gpus(self, node: int) -> list[int]:
+        return [g for g in range(int(self.ngpu[node])) if self.gpu[node, g] == MILLI]
+
+    def nvlinked(self, rows: Array, k: int) -> Array:
+        """Per row: whether ``nvlink_set(row, k)`` finds a set, for all rows at once."""
+        link = self.link[rows]
+        idle = self.gpu[rows] == MILLI
+        count = idle.sum(axis=1)
+        if k <= 1:
+            one: Array = (link != NO_TOPOLOGY) & (count >= k)
+            return one
+        even = self.width - self.width % 2
+        both = idle[:, 0:even:2] & idle[:, 1:even:2]  # both GPUs of a pair idle
+        out: Array = ((link == ALL_NVLINK) & (count >= k)) | ((link == NVLINK_PAIRS) & (k == 2) & both.any(axis=1))
+        for j in np.flatnonzero(link == OTHER_NVLINK):
+            out[j] = self.nvlink_set(int(rows[j]), k) is not None
+        return out
+
+    def nvlink_set(self, node: int, k: int) -> tuple[int, ...] | None:
+        topo = self.topologies[node]
+        if topo is None:
+            return None
+        best = topo.best_set(self.free_gpus(node), k)
+        return best if best is not None and topo.all_nvlinked(best) else None
+
+    def capacity_milli(self) -> int:
+        return int(self.ngpu[: self.n][self.alive[: self.n]].sum()) * MILLI
+
+
+
+@dataclass
+class PlacementCandidates:
+    """Placements to score: on ``node``, GPU ``gpu`` (a sharing pod) goes from free ``before`` to
+    ``after``; a whole-GPU pod takes ``count`` idle GPUs (gpu = -1: chosen after the node)."""
+
+    node: Array
+    gpu: Array
+    before: Array
+    after: Array
+    count: Array
+
+
+def candidates(fleet: Fleet, shape: Shape, rows: Array) -> PlacementCandidates:
+    rows = rows[fleet.feasible(shape, rows)]
+    if shape.sharing:
+        free = fleet.gpu[rows]
+        i, g = np.nonzero(free >= shape.milli)
+        before = free[i, g]
+        # GPUs of one node with the same free share are interchangeable: keep the lowest index
+        _, first = np.unique(i * (MILLI + 1) + before, return_index=True)
+        i, g, before = i[first], g[first], before[first]
+        return PlacementCandidates(rows[i], g, before, before - shape.milli, np.ones(len(i), np.int64))
+    n = len(rows)
+    full = np.full(n, MILLI, np.int64)
+    if shape.gpus:
+        return PlacementCandidates(rows, np.full(n, -1), full, np.zeros(n, np.int64), np.full(n, shape.gpus))
+    return PlacementCandidates(rows, np.full(n, -1), full, full, np.zeros(n, np.int64))
