@@ -19,7 +19,7 @@ from pathlib import Path
 from aiohttp.test_utils import TestClient, TestServer
 from fixture_cluster import fixture_nodes
 
-from gpu_tailor.webhook.config import Policy
+from gpu_tailor.webhook.config import AdmissionPolicy
 from gpu_tailor.webhook.mutate import decide
 from gpu_tailor.webhook.server import make_app
 from gpu_tailor.webhook.state import ClusterView
@@ -36,7 +36,7 @@ async def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=300)
     args = parser.parse_args()
-    view = ClusterView(Policy())
+    view = ClusterView(AdmissionPolicy())
     view.reset(fixture_nodes(args.nodes))
     reviews = {p.name[0]: json.loads(p.read_text()) for p in sorted(REVIEWS.glob("*.json"))}
     candidates = view.candidates()

@@ -14,7 +14,7 @@ import pytest
 
 from gpu_tailor.extender import verbs
 from gpu_tailor.extender.state import ClusterState
-from gpu_tailor.webhook.config import Policy
+from gpu_tailor.webhook.config import AdmissionPolicy
 from gpu_tailor.webhook.mutate import decide
 from gpu_tailor.webhook.state import ClusterView
 from tests.conftest import FIXTURES, node_fixture, review_fixture
@@ -70,7 +70,7 @@ def nodes(names: list[str]) -> list[dict[str, Any]]:
 def test_admitted_exactly_when_some_node_can_place_it(names: list[str], asks: list[dict[str, str]],
                                                       expected: bool) -> None:
     obj = pod(asks)
-    view = ClusterView(Policy())
+    view = ClusterView(AdmissionPolicy())
     view.reset(nodes(names))
     request = {**review_fixture("a")["request"], "object": obj}
     decision = decide(request, view.candidates(), view.policy)

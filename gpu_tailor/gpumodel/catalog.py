@@ -46,7 +46,7 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True)
-class Choice:
+class OfferingChoice:
     candidate: Candidate
     units: dict[str, int] = field(default_factory=dict)  # container key -> units of candidate.resource
 
@@ -142,7 +142,7 @@ def _product_ok(products: tuple[str, ...], c: Candidate) -> bool:
     return bool(wanted & {c.model.upper(), base, c.product.upper()})
 
 
-def choose(ask: PodAsk, candidates: list[Candidate], isolation: Isolation) -> Choice | NoFit:
+def choose(ask: PodAsk, candidates: list[Candidate], isolation: Isolation) -> OfferingChoice | NoFit:
     """The candidate that meets every virtual container of ``ask`` with the least GPU consumed.
 
     Preference: free capacity now, then the smallest share of a GPU taken, then the least spare
@@ -151,7 +151,7 @@ def choose(ask: PodAsk, candidates: list[Candidate], isolation: Isolation) -> Ch
     """
     containers = [c for c in ask.gpu_containers if c.virtual]
     native_needed = {k: v for k, v in ask.effective_native.items() if v}
-    options: list[tuple[tuple[int, Fraction, int, str, str], Choice]] = []
+    options: list[tuple[tuple[int, Fraction, int, str, str], OfferingChoice]] = []
     for cand in candidates:
         if not _product_ok(ask.products, cand) or not _isolation_allows(isolation, cand):
             continue
@@ -170,7 +170,7 @@ def choose(ask: PodAsk, candidates: list[Candidate], isolation: Isolation) -> Ch
             consumed = cand.fraction * total
             spare = cand.memory_mib * MIB * total - ask.effective_memory_bytes
             busy = 0 if cand.free_units >= total else 1
-            options.append(((busy, consumed, spare, cand.backing, cand.resource), Choice(cand, units)))
+            options.append(((busy, consumed, spare, cand.backing, cand.resource), OfferingChoice(cand, units)))
     if options:
         return min(options, key=lambda o: o[0])[1]
     return NoFit(_explain(ask, candidates, isolation))

@@ -46,4 +46,5 @@ ANN_GPUS = "gpu-tailor.io/gpus"
 
 NAMESPACE_OPT_IN_LABEL = "gpu-tailor.io/enabled"
 POD_OPT_OUT_LABEL = "gpu-tailor.io/skip"
-DEFAULT_SCHEDULER_NAME = "gpu-tailor-scheduler"
+# the schedulerName of the kube-scheduler profile that runs gpu-tailor's extender (manifests/scheduler)
+GPU_TAILOR_SCHEDULER = "gpu-tailor-scheduler"

@@ -89,10 +89,10 @@ class DeclaredOffering(BaseModel):
         return self
 
 
-class Policy(BaseModel):
+class AdmissionPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schedulerName: str = labels.DEFAULT_SCHEDULER_NAME
+    schedulerName: str = labels.GPU_TAILOR_SCHEDULER
     defaultIsolation: Isolation = Isolation.ANY
     onMismatch: Literal["deny", "useLimits"] = "deny"
     offerings: tuple[DeclaredOffering, ...] = ()
@@ -105,7 +105,7 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return out or "(top level)"
 
 
-def parse_policy(text: str, source: str = "config") -> Policy:
+def parse_policy(text: str, source: str = "config") -> AdmissionPolicy:
     try:
         data = yaml.safe_load(text) if text.strip() else {}
     except yaml.YAMLError as exc:
@@ -115,15 +115,15 @@ def parse_policy(text: str, source: str = "config") -> Policy:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
     try:
-        return Policy.model_validate(data)
+        return AdmissionPolicy.model_validate(data)
     except ValidationError as exc:
         lines = [f"{source}: {_field_path(tuple(e['loc']))}: {e['msg']}" for e in exc.errors()]
         raise ConfigError("\n".join(lines)) from None
 
 
-def load_policy(path: str | Path | None) -> Policy:
+def load_policy(path: str | Path | None) -> AdmissionPolicy:
     if path is None:
-        return Policy()
+        return AdmissionPolicy()
     try:
         text = Path(path).read_text()
     except OSError as exc:

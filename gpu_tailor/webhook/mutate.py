@@ -16,12 +16,12 @@ import jsonpatch
 
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import ContainerAsk, Isolation, PodAsk, from_pod
-from gpu_tailor.gpumodel.catalog import Candidate, Choice, NoFit, choose
+from gpu_tailor.gpumodel.catalog import Candidate, NoFit, OfferingChoice, choose
 from gpu_tailor.gpumodel.inventory import Sharing, UnitsRefusal, units_refusal
 from gpu_tailor.gpumodel.resources import parse_resource
-from gpu_tailor.webhook.config import Policy
+from gpu_tailor.webhook.config import AdmissionPolicy
 
-DEFAULT_SCHEDULER = "default-scheduler"
+KUBE_DEFAULT_SCHEDULER = "default-scheduler"  # Kubernetes' own scheduler, what an unset schedulerName means
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ def _deny(message: str, code: int = 403) -> Decision:
     return Decision(allowed=False, code=code, message=message, outcome="denied")
 
 
-def decide(request: dict[str, Any], candidates: list[Candidate], policy: Policy) -> Decision:
+def decide(request: dict[str, Any], candidates: list[Candidate], policy: AdmissionPolicy) -> Decision:
     obj = request.get("object")
     kind = (request.get("kind") or {}).get("kind")
     if kind != "Pod" or not isinstance(obj, dict) or request.get("operation", "CREATE") != "CREATE":
@@ -79,7 +79,7 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Policy)
         if not choice.candidate.free_units:
             warnings.append(f"no {choice.candidate.backing} is free right now; the pod waits for capacity")
     _tolerate(pod)
-    if policy.schedulerName and (pod.get("spec") or {}).get("schedulerName") in (None, "", DEFAULT_SCHEDULER):
+    if policy.schedulerName and (pod.get("spec") or {}).get("schedulerName") in (None, "", KUBE_DEFAULT_SCHEDULER):
         pod.setdefault("spec", {})["schedulerName"] = policy.schedulerName
     patch = list(jsonpatch.make_patch(obj, pod))
     return Decision(allowed=True, patch=patch, warnings=tuple(warnings), backing=backing,
@@ -96,7 +96,7 @@ def _resources(pod: dict[str, Any], container: ContainerAsk) -> dict[str, Any]:
     return res
 
 
-def _requests_equal_limits(pod: dict[str, Any], container: ContainerAsk, policy: Policy) -> str | None:
+def _requests_equal_limits(pod: dict[str, Any], container: ContainerAsk, policy: AdmissionPolicy) -> str | None:
     res = _resources(pod, container)
     for m in container.mismatches:
         if policy.onMismatch == "deny":
@@ -134,7 +134,7 @@ def _native_units_check(resource: str, count: int, candidates: list[Candidate]) 
     return None
 
 
-def _rewrite(pod: dict[str, Any], ask: PodAsk, choice: Choice) -> None:
+def _rewrite(pod: dict[str, Any], ask: PodAsk, choice: OfferingChoice) -> None:
     resource = choice.candidate.resource
     for container in ask.gpu_containers:
         if not container.virtual:

@@ -16,11 +16,11 @@ from gpu_tailor.gpumodel.inventory import BackingKind, NodeInventory, Sharing, f
 from gpu_tailor.gpumodel.mig import profile_for, sku_for_product
 from gpu_tailor.gpumodel.products import normalise
 from gpu_tailor.gpumodel.quantity import parse_bytes
-from gpu_tailor.webhook.config import DeclaredOffering, Policy
+from gpu_tailor.webhook.config import AdmissionPolicy, DeclaredOffering
 
 
 class ClusterView:
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: AdmissionPolicy) -> None:
         self.policy = policy
         self.nodes: dict[str, NodeInventory] = {}
         self.used: dict[str, dict[str, int]] = {}

@@ -16,7 +16,7 @@ import pytest
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.catalog import Candidate
 from gpu_tailor.gpumodel.quantity import parse_count
-from gpu_tailor.webhook.config import Policy, parse_policy
+from gpu_tailor.webhook.config import AdmissionPolicy, parse_policy
 from gpu_tailor.webhook.mutate import Decision, decide
 from gpu_tailor.webhook.state import ClusterView
 from tests.conftest import FIXTURES, review_fixture
@@ -24,13 +24,13 @@ from tests.conftest import FIXTURES, review_fixture
 NODES = [json.loads(p.read_text()) for p in sorted((FIXTURES / "nodes").glob("*.json"))]
 
 
-def view(policy: Policy | None = None, pods: list[dict[str, Any]] | None = None) -> ClusterView:
-    v = ClusterView(policy or Policy())
+def view(policy: AdmissionPolicy | None = None, pods: list[dict[str, Any]] | None = None) -> ClusterView:
+    v = ClusterView(policy or AdmissionPolicy())
     v.reset(NODES, pods)
     return v
 
 
-def run(letter: str, policy: Policy | None = None, review: dict[str, Any] | None = None,
+def run(letter: str, policy: AdmissionPolicy | None = None, review: dict[str, Any] | None = None,
         candidates: list[Candidate] | None = None) -> tuple[Decision, dict[str, Any]]:
     req = (review or review_fixture(letter))["request"]
     v = view(policy)
@@ -69,7 +69,7 @@ def test_a_native_limits_only_passes_and_gets_scheduler_and_toleration() -> None
     d, pod = run("a")
     assert d.allowed and d.warnings == ()
     assert resources(pod)["limits"] == {"nvidia.com/gpu": "2"}
-    assert pod["spec"]["schedulerName"] == labels.DEFAULT_SCHEDULER_NAME
+    assert pod["spec"]["schedulerName"] == labels.GPU_TAILOR_SCHEDULER
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
 
 
@@ -138,7 +138,7 @@ def test_g_denied_where_the_pool_fails_requests_greater_than_one() -> None:
 def test_several_gpus_denied_where_nvidia_com_gpu_is_only_sold_as_slices() -> None:
     """Without the H100s, every node selling nvidia.com/gpu sells replicas or MIG devices under that name:
     the extender would never place two of them as two GPUs, so the pod is denied, saying why."""
-    v = ClusterView(Policy())
+    v = ClusterView(AdmissionPolicy())
     v.reset([n for n in NODES if not n["metadata"]["name"].startswith("h100")])
     review = review_fixture("a")
     d = decide(review["request"], v.candidates(), v.policy)
@@ -154,7 +154,7 @@ def test_mig_instances_are_admitted_without_a_warning() -> None:
     review = copy.deepcopy(review_fixture("h"))
     for part in ("limits", "requests"):
         review["request"]["object"]["spec"]["containers"][0]["resources"][part] = {"nvidia.com/mig-1g.5gb": "2"}
-    d = decide(review["request"], view().candidates(), Policy())
+    d = decide(review["request"], view().candidates(), AdmissionPolicy())
     assert d.allowed and d.warnings == ()
 
 

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpu_tailor.certs.authority import Names, ensure
 from gpu_tailor.serving import CertReloader, tls_context
-from gpu_tailor.webhook.config import Policy
+from gpu_tailor.webhook.config import AdmissionPolicy
 from gpu_tailor.webhook.server import MAX_BODY, make_app
 from gpu_tailor.webhook.state import ClusterView
 from tests.conftest import FIXTURES, review_fixture
@@ -24,7 +24,7 @@ NODES = [json.loads(p.read_text()) for p in sorted((FIXTURES / "nodes").glob("*.
 
 
 def ready_view() -> ClusterView:
-    v = ClusterView(Policy())
+    v = ClusterView(AdmissionPolicy())
     v.reset(NODES)
     return v
 
@@ -84,7 +84,7 @@ async def test_huge_body_is_413(client: TestClient[web.Request, web.Application]
 
 
 async def test_probes_and_metrics() -> None:
-    view = ClusterView(Policy())
+    view = ClusterView(AdmissionPolicy())
     async with TestClient(TestServer(make_app(view))) as c:
         assert (await c.get("/healthz")).status == 200
         assert (await c.get("/readyz")).status == 503
