@@ -13,31 +13,66 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
-from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel import devices, labels
 from gpu_tailor.gpumodel.ask import ContainerAsk, Isolation, PodAsk
+from gpu_tailor.gpumodel.devices.base import DeclaredSpec, Device, PodWrite, Requirement
 from gpu_tailor.gpumodel.inventory import BackingKind, HealthState, NodeInventory, Offering, Sharing
+from gpu_tailor.gpumodel.products import normalise
 from gpu_tailor.gpumodel.quantity import MIB, format_bytes
 
-# (label key, operator, values) -- a NodeSelectorRequirement
-Requirement = tuple[str, str, tuple[str, ...]]
+__all__ = ["Candidate", "NoFit", "OfferingChoice", "Requirement", "choose", "declared_candidate", "free_somewhere",
+           "from_inventories"]
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    backing: str  # "whole", "mig-1g.10gb", "shared:time-slicing:4"
-    kind: BackingKind
-    resource: str  # what the pod will request
+    """Nodes selling one offering the same way; what choosing it writes on a pod."""
+
+    offering: Offering  # as one node sells it; ``allocatable``: the most one node of the group sells
+    write: PodWrite  # resource, backing annotation, node affinity and tolerations
     product: str  # product label value(s) these nodes carry (raw)
     model: str
-    fraction: Fraction  # of one GPU per unit
-    memory_mib: int  # per unit (for whole GPUs: the GPU's memory)
-    sharing: Sharing = Sharing.NONE
     fail_requests_gt_one: bool = False
-    max_units_per_node: int = 0  # the most units one node of the group can sell
     free_units: int = 0  # free now across the group (0 for declared offerings)
+    most_free: int = 0  # free now on the node of the group with the most free
     nodes: tuple[str, ...] = ()
-    affinity: tuple[Requirement, ...] = ()
     declared: bool = False
+
+    @property
+    def device(self) -> Device:
+        return devices.device_for(self.offering)
+
+    @property
+    def backing(self) -> str:  # "whole", "mig-1g.10gb", "shared:time-slicing:4"
+        return self.write.backing
+
+    @property
+    def resource(self) -> str:  # what the pod will request
+        return self.write.resource
+
+    @property
+    def affinity(self) -> tuple[Requirement, ...]:
+        return self.write.affinity
+
+    @property
+    def kind(self) -> BackingKind:
+        return self.offering.backing
+
+    @property
+    def sharing(self) -> Sharing:
+        return self.offering.sharing
+
+    @property
+    def fraction(self) -> Fraction:  # of one GPU per unit
+        return self.offering.fraction
+
+    @property
+    def memory_mib(self) -> int:  # per unit (for whole GPUs: the GPU's memory)
+        return self.offering.memory_mib
+
+    @property
+    def max_units_per_node(self) -> int:
+        return self.offering.allocatable
 
     def describe(self) -> str:
         mem = format_bytes(self.memory_mib * MIB) if self.memory_mib else "?"
@@ -49,6 +84,7 @@ class Candidate:
 class OfferingChoice:
     candidate: Candidate
     units: dict[str, int] = field(default_factory=dict)  # container key -> units of candidate.resource
+    free_now: bool = True  # some node of the candidate has the units free now
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,82 +92,42 @@ class NoFit:
     message: str
 
 
-def _affinity(inv: NodeInventory, offering: Offering) -> tuple[Requirement, ...]:
-    product = inv.labels.get(labels.GPU_PRODUCT, "")
-    reqs: list[Requirement] = []
-    if product:
-        reqs.append((labels.GPU_PRODUCT, "In", (product,)))
-    if offering.backing is BackingKind.WHOLE:
-        reqs.append((labels.GPU_SHARING_STRATEGY, "NotIn", (Sharing.TIME_SLICING.value, Sharing.MPS.value)))
-    elif offering.backing is BackingKind.MIG:
-        reqs.append((labels.MIG_STRATEGY, "In", (inv.mig_strategy,)))
-    else:
-        reqs.append((labels.GPU_SHARING_STRATEGY, "In", (offering.sharing.value,)))
-        reqs.append((labels.GPU_REPLICAS, "In", (str(offering.replicas),)))
-    return tuple(reqs)
-
-
 def from_inventories(inventories: Iterable[NodeInventory], used: dict[str, dict[str, int]] | None = None) -> list[
         Candidate]:
     """Group every healthy or degraded node's offerings; ``used`` gives units in use per node."""
-    groups: dict[tuple[str, str, str, tuple[Requirement, ...]], Candidate] = {}
+    groups: dict[tuple[PodWrite, str], Candidate] = {}
     for inv in inventories:
         if inv.health.state not in (HealthState.HEALTHY, HealthState.DEGRADED) or inv.unschedulable:
             continue
+        product = inv.product.raw if inv.product else ""
         for o in inv.offerings:
-            aff = _affinity(inv, o)
-            key = (o.label, str(o.resource), inv.product.raw if inv.product else "", aff)
+            write = devices.device_for(o).pod_write(o, inv.labels.get(labels.GPU_PRODUCT, ""), inv.mig_strategy)
             in_use = (used or {}).get(inv.name, {}).get(str(o.resource), 0)
             free = max(0, o.allocatable - in_use)
-            prev = groups.get(key)
+            prev = groups.get((write, product))
             if prev is None:
-                groups[key] = Candidate(
-                    backing=o.label, kind=o.backing, resource=str(o.resource),
-                    product=inv.product.raw if inv.product else "", model=inv.model, fraction=o.fraction,
-                    memory_mib=o.memory_mib, sharing=o.sharing, max_units_per_node=o.allocatable,
-                    free_units=free, nodes=(inv.name,), affinity=aff)
+                groups[(write, product)] = Candidate(o, write, product, inv.model, free_units=free, most_free=free,
+                                                     nodes=(inv.name,))
             else:
-                groups[key] = replace(prev, max_units_per_node=max(prev.max_units_per_node, o.allocatable),
-                                      free_units=prev.free_units + free, nodes=(*prev.nodes, inv.name))
+                biggest = replace(prev.offering, allocatable=max(prev.offering.allocatable, o.allocatable))
+                groups[(write, product)] = replace(prev, offering=biggest, free_units=prev.free_units + free,
+                                                   most_free=max(prev.most_free, free), nodes=(*prev.nodes, inv.name))
     return list(groups.values())
 
 
-def _isolation_allows(isolation: Isolation, c: Candidate) -> bool:
-    if isolation is Isolation.ANY:
-        return True
-    if isolation is Isolation.MIG:
-        return c.kind is BackingKind.MIG and c.sharing is Sharing.NONE
-    if isolation is Isolation.EXCLUSIVE:
-        return c.kind is BackingKind.WHOLE
-    want = Sharing.MPS if isolation is Isolation.MPS else Sharing.TIME_SLICING
-    return c.sharing is want
+def free_somewhere(resource: str, units: int, per_container: int, candidates: list[Candidate]) -> bool | None:
+    """Whether some node selling ``resource`` in a way that runs ``per_container`` units in one container has
+    ``units`` free now; None when no candidate sells it so."""
+    offers = [c for c in candidates if c.resource == resource
+              and c.device.units_refusal(resource, per_container, c.sharing, c.fail_requests_gt_one) is None]
+    return any(c.most_free >= units for c in offers) if offers else None
 
 
-def _units_for(container: ContainerAsk, c: Candidate) -> int | None:
-    """Units of ``c`` that meet one container's virtual ask, or None when it cannot."""
-    gpus = container.whole_gpus
-    if gpus:
-        # Several whole GPUs: only whole backings; memory is per GPU.
-        if c.kind is not BackingKind.WHOLE or container.memory_bytes > c.memory_mib * MIB:
-            return None
-        return gpus
-    share = Fraction(container.milli, 1000)
-    if c.fraction < share:
-        return None
-    if container.memory_bytes > _nominal_memory_bytes(c):
-        return None
-    return 1
-
-
-def _nominal_memory_bytes(c: Candidate) -> int:
-    """Memory a unit is sold as. MIG profile names are GiB classes (``1g.10gb`` serves a ``10Gi``
-    ask although the driver reports 9.75 GiB): users size by the name, so the name counts."""
-    if c.kind is BackingKind.MIG and c.backing.startswith("mig-"):
-        name = c.backing.split(":", 1)[0][len("mig-"):]
-        gb = name.split(".", 1)[1].removesuffix("gb") if "." in name else ""
-        if gb.isdigit():
-            return max(c.memory_mib * MIB, int(gb) * 1024 * MIB)
-    return c.memory_mib * MIB
+def declared_candidate(spec: DeclaredSpec) -> Candidate:
+    """A declared offering (a node pool scaled to zero): no nodes, nothing free, the most units a node sells."""
+    offering, write = devices.DEVICES[spec.backing].declared(spec)
+    return Candidate(offering, write, spec.product, normalise(spec.product).model,
+                     fail_requests_gt_one=spec.fail_requests_gt_one, declared=True)
 
 
 def _product_ok(products: tuple[str, ...], c: Candidate) -> bool:
@@ -153,11 +149,11 @@ def choose(ask: PodAsk, candidates: list[Candidate], isolation: Isolation) -> Of
     native_needed = {k: v for k, v in ask.effective_native.items() if v}
     options: list[tuple[tuple[int, Fraction, int, str, str], OfferingChoice]] = []
     for cand in candidates:
-        if not _product_ok(ask.products, cand) or not _isolation_allows(isolation, cand):
+        if not _product_ok(ask.products, cand) or not cand.device.serves(isolation, cand.offering):
             continue
         units: dict[str, int] = {}
         for container in containers:
-            n = _units_for(container, cand)
+            n = cand.device.units_for(container, cand.offering)
             if n is None:
                 break
             units[_key(container)] = n
@@ -169,8 +165,9 @@ def choose(ask: PodAsk, candidates: list[Candidate], isolation: Isolation) -> Of
                 continue
             consumed = cand.fraction * total
             spare = cand.memory_mib * MIB * total - ask.effective_memory_bytes
-            busy = 0 if cand.free_units >= total else 1
-            options.append(((busy, consumed, spare, cand.backing, cand.resource), OfferingChoice(cand, units)))
+            busy = 0 if cand.most_free >= total else 1
+            options.append(((busy, consumed, spare, cand.backing, cand.resource),
+                            OfferingChoice(cand, units, free_now=not busy)))
     if options:
         return min(options, key=lambda o: o[0])[1]
     return NoFit(_explain(ask, candidates, isolation))
@@ -214,16 +211,16 @@ def _explain(ask: PodAsk, candidates: list[Candidate], isolation: Isolation) -> 
         constraint.append(f"isolation {isolation.value}")
     if ask.products:
         constraint.append(f"product {'|'.join(ask.products)}")
-    pool = [c for c in candidates if _product_ok(ask.products, c) and _isolation_allows(isolation, c)]
+    pool = [c for c in candidates if _product_ok(ask.products, c) and c.device.serves(isolation, c.offering)]
     head = f"needs {' and '.join(needs) or 'a GPU'}" + (f" with {', '.join(constraint)}" if constraint else "")
     if not pool:
         offered = sorted({f"{c.backing} on {c.product or '?'}" for c in candidates})
         return f"{head}; no offering matches (the cluster offers: {', '.join(offered)})"
     if ask.effective_memory_bytes:
-        biggest = max(pool, key=lambda c: (_nominal_memory_bytes(c), c.fraction))
+        biggest = max(pool, key=lambda c: (c.device.nominal_memory_bytes(c.offering), c.fraction))
         return f"{head}; largest offering is {biggest.describe()}"
-    biggest = max(pool, key=lambda c: (c.fraction * max(1, c.max_units_per_node if c.kind is BackingKind.WHOLE
+    biggest = max(pool, key=lambda c: (c.fraction * max(1, c.max_units_per_node if c.device.sells_whole_gpus
                                                          else 1), c.memory_mib))
-    if biggest.kind is BackingKind.WHOLE:
+    if biggest.device.sells_whole_gpus:
         return f"{head}; largest offering is {biggest.max_units_per_node} x {biggest.describe()} per node"
     return f"{head}; largest offering is {biggest.describe()}"

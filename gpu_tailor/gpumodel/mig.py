@@ -183,3 +183,25 @@ def fits_together(sku: MigSku, profiles: list[MigProfile]) -> bool:
         return False
 
     return place(0, frozenset())
+
+
+def uniform_layout(sku: MigSku, instances: dict[str, int], gpus: int) -> dict[str, int] | None:
+    """Instances of each profile on one GPU, when ``gpus`` GPUs cut the same way hold ``instances``
+    (profile name -> instances on the node); None when the counts do not split evenly over the GPUs or
+    one GPU's share is no valid layout of ``sku``.
+
+    mig-manager applies one layout to every GPU under its ``all-*`` configs (``all-balanced``: per
+    A100-40GB 2x 1g.5gb, 1x 2g.10gb, 1x 3g.20gb), so there the node's counts give each GPU's instances.
+    """
+    if gpus <= 0:
+        return None
+    layout: dict[str, int] = {}
+    cut: list[MigProfile] = []
+    for name, count in instances.items():
+        profile = sku.resolve(name)
+        if profile is None or count % gpus:
+            return None
+        layout[name] = count // gpus
+        cut += [profile] * layout[name]
+    return layout if cut and fits_together(sku, cut) else None
+

@@ -7,7 +7,8 @@ placements name GPUs -- recorded ones (the ``gpu-tailor.io/gpus`` annotation) or
 
 Units: compute is in milli-GPU (a MIG ``g``-slice instance of a 7-slice GPU holds ``1000*g/7``; a
 replica of an N-way shared GPU holds ``1000/N``), memory in MiB. ``NodeGpus`` is mutable and meant to
-have a single writer (the watch, or the simulator); readers take its numbers as they are.
+have a single writer (the watch, or the simulator); readers take its numbers as they are. Where a pod's
+units go is each backing's call (``devices``); this module only keeps the picture.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gpu_tailor.gpumodel import mig
 from gpu_tailor.gpumodel.topology import GpuTopology, pcie
 
 FULL = 1000
@@ -26,7 +26,8 @@ class Placement:
     """What one pod takes on a node: the same amount on each entry of ``gpus``.
 
     Whole GPUs are distinct entries. Replicas and MIG instances are one entry per unit, so a GPU
-    repeats when several units sit on it (``(0, 0)``: two replicas of GPU 0).
+    repeats when several units sit on it (``(0, 0)``: two replicas of GPU 0). Units whose GPU cannot be
+    told (a MIG layout that cannot be inferred) are counted in ``unplaced``, and ``note`` says why.
     """
 
     gpus: tuple[int, ...]
@@ -35,6 +36,12 @@ class Placement:
     whole: bool = True
     mig_profile: str | None = None
     replicas: int = 0  # replicas of a shared GPU, per entry
+    unplaced: int = 0  # units held on no known GPU
+    note: str = ""
+
+    @property
+    def units(self) -> int:
+        return len(self.gpus) + self.unplaced
 
 
 @dataclass(slots=True)
@@ -65,11 +72,10 @@ class NodeGpus:
     """The GPUs of one node and what is placed on them, kept by pod key (``namespace/name``)."""
 
     def __init__(self, count: int, memory_mib: int, topology: GpuTopology | None = None,
-                 usable: int | None = None, mig_sku: mig.MigSku | None = None) -> None:
+                 usable: int | None = None) -> None:
         self.slots = [GpuSlot(i, memory_mib) for i in range(count)]
         self.topology = topology if topology is not None and topology.size == count else pcie(count)
         self.usable = count if usable is None else min(count, usable)  # degraded nodes: the first `usable`
-        self.mig_sku = mig_sku
         self.placements: dict[str, Placement] = {}
 
     # --- queries -------------------------------------------------------------------------------
@@ -84,21 +90,12 @@ class NodeGpus:
         return [s.index for s in self.slots[: self.usable]
                 if not s.mig and s.free_milli >= milli and s.free_memory_mib >= memory_mib]
 
-    def mig_fits(self, gpu: int, profile: mig.MigProfile) -> bool:
-        slot = self.slots[gpu]
-        if slot.whole_by is not None or gpu >= self.usable or (slot.milli_used and not slot.mig):
-            return False
-        if self.mig_sku is None:
-            return slot.milli_used + profile.fraction * FULL <= FULL + 1e-9
-        used = [p for name in slot.mig if (p := self.mig_sku.resolve(name)) is not None]
-        return mig.fits_together(self.mig_sku, [*used, profile])
-
     def copy(self) -> NodeGpus:
-        """An independent copy to try releases and placements on (topology and MIG SKU are shared)."""
+        """An independent copy to try releases and placements on (the topology is shared)."""
         other = NodeGpus.__new__(NodeGpus)
         other.slots = [GpuSlot(s.index, s.memory_mib, s.whole_by, s.milli_used, s.memory_used_mib,
                                s.replicas_used, list(s.mig), set(s.pods)) for s in self.slots]
-        other.topology, other.usable, other.mig_sku = self.topology, self.usable, self.mig_sku
+        other.topology, other.usable = self.topology, self.usable
         other.placements = dict(self.placements)
         return other
 
@@ -157,14 +154,9 @@ class NodeGpus:
         fits = self.fitting_shares(milli, memory_mib)
         return min(fits, key=lambda g: (self.slots[g].free_milli, g)) if fits else None
 
-    def predict_mig(self, profile: mig.MigProfile) -> int | None:
-        """The most-used GPU the instance still fits on (keeps other GPUs free for big profiles)."""
-        fits = [s.index for s in self.slots[: self.usable] if self.mig_fits(s.index, profile)]
-        return min(fits, key=lambda g: (self.slots[g].free_milli, g)) if fits else None
-
-    def predict_units(self, n: int, milli: int, mig_profile: mig.MigProfile | None = None) -> tuple[int, ...]:
-        """The GPU of each of ``n`` replicas (``milli`` each) or ``mig_profile`` instances, chosen one at a
-        time as for a one-unit pod, each seeing the ones before it. Fewer than ``n`` when room runs out.
+    def predict_units(self, n: int, milli: int) -> tuple[int, ...]:
+        """The GPU of each of ``n`` replicas (``milli`` each), chosen one at a time as for a one-replica
+        pod, each seeing the ones before it. Fewer than ``n`` when room runs out.
 
         The device plugin hands a container any ``n`` free units, from one GPU or several; Kubernetes
         only checks the node's count. So several units are not one bigger share that must fit one GPU.
@@ -172,13 +164,12 @@ class NodeGpus:
         trial = self if n == 1 else self.copy()  # the node itself is never changed
         out: list[int] = []
         for i in range(n):
-            g = trial.predict_mig(mig_profile) if mig_profile is not None else trial.predict_share(milli)
+            g = trial.predict_share(milli)
             if g is None:
                 break
             out.append(g)
             if i + 1 < n:
-                trial.place(f"\0unit-{i}", Placement((g,), milli, whole=False, replicas=0 if mig_profile else 1,
-                                                      mig_profile=mig_profile.name if mig_profile else None))
+                trial.place(f"\0unit-{i}", Placement((g,), milli, whole=False, replicas=1))
         return tuple(out)
 
 

@@ -1,8 +1,10 @@
 """The extender's decisions for one pod against one node's snapshot: does it fit, why not, where.
 
 Pure functions over ``NodeState`` (inventory + per-GPU occupancy + CPU/memory requested by bound
-pods). Scoring across nodes is ``packing``'s job; this module turns a pod into a ``Demand`` and a
-node into fleet numbers that ``packing`` understands.
+pods). What is generic lives here (health, product, whether the node sells the resource at all); what
+depends on the backing -- how units are counted and which GPUs they take -- is asked of the offering's
+device (``devices``). Scoring across nodes is the placement policies' job; this module turns a pod
+into a ``Demand`` and a ``Shape`` the fleet understands.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel import devices, labels
 from gpu_tailor.gpumodel.ask import PodAsk, Topology, from_pod
+from gpu_tailor.gpumodel.devices.base import Fit as Fit
 from gpu_tailor.gpumodel.fleet import Shape
-from gpu_tailor.gpumodel.inventory import BackingKind, HealthState, NodeInventory, Offering, UnitsRefusal, units_refusal
-from gpu_tailor.gpumodel.mig import sku_for_product
-from gpu_tailor.gpumodel.occupancy import FULL, NodeGpus, Placement, parse_gpu_annotation
+from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, Offering, UnitsRefusal
+from gpu_tailor.gpumodel.occupancy import NodeGpus, Placement, parse_gpu_annotation
 from gpu_tailor.gpumodel.quantity import parse_quantity
 from gpu_tailor.gpumodel.topology import infer
 
@@ -94,30 +96,15 @@ class NodeState:
 
 def node_state(inv: NodeInventory) -> NodeState:
     topo = infer(inv.model, inv.product.raw if inv.product else "", inv.gpu_count, inv.labels)
-    has_mig = any(o.mig_profile is not None for o in inv.offerings)
-    sku = sku_for_product(inv.product.raw) if has_mig and inv.product else None
-    gpus = NodeGpus(inv.gpu_count, inv.gpu_memory_mib, topo, usable=inv.usable_gpus, mig_sku=sku)
-    return NodeState(inv, gpus)
+    return NodeState(inv, NodeGpus(inv.gpu_count, inv.gpu_memory_mib, topo, usable=inv.usable_gpus))
 
 
 def shape_of(demand: Demand, offering: Offering | None) -> Shape:
-    """The pod as ``packing`` sees it: whole GPUs, or one GPU's share for replicas and MIG slices."""
+    """The pod as the fleet sees it: whole GPUs, or one GPU's share for replicas and MIG instances."""
     if not demand.gpu or offering is None:
         return Shape(demand.cpu_milli, demand.memory_mib)
-    if offering.backing is BackingKind.WHOLE:
-        return Shape(demand.cpu_milli, demand.memory_mib, demand.units, FULL, nvlink=demand.nvlink)
-    milli = max(1, int(offering.fraction * FULL))
-    if demand.units > 1:  # each unit goes where one would (``fit``): they stack on one GPU while it has room
-        milli = min(FULL, milli * demand.units)
-    return Shape(demand.cpu_milli, demand.memory_mib, 1, milli)
-
-
-@dataclass(frozen=True, slots=True)
-class Fit:
-    ok: bool
-    reason: str = ""
-    unresolvable: bool = False  # preemption cannot help
-    placement: Placement | None = None
+    gpus, milli, nvlink = devices.device_for(offering).fleet_share(offering, demand.units, demand.nvlink)
+    return Shape(demand.cpu_milli, demand.memory_mib, gpus, milli, nvlink=nvlink)
 
 
 def inventory_verdict(inv: NodeInventory, demand: Demand) -> Fit | Offering:
@@ -151,7 +138,7 @@ def inventory_verdict(inv: NodeInventory, demand: Demand) -> Fit | Offering:
             why = f"{inv.health.reason}; {why}"
         return Fit(False, why, unresolvable=True)
     label, n = offering.label, demand.per_container
-    refusal = units_refusal(demand.resource, n, offering.backing, offering.sharing)
+    refusal = devices.device_for(offering).units_refusal(demand.resource, n, offering.sharing)
     if refusal is UnitsRefusal.AMBIGUOUS:
         return Fit(False, f"node sells {demand.resource} as {label}: {n} units would be {n} slices or replicas, "
                    f"not {n} GPUs", unresolvable=True)
@@ -171,50 +158,8 @@ def fit(node: NodeState, demand: Demand, place: bool = True, settled: Fit | Offe
     verdict = inventory_verdict(node.inventory, demand) if settled is None else settled
     if isinstance(verdict, Fit):
         return verdict
-    offering = verdict
-    gpus = node.gpus
-    if offering.backing is BackingKind.WHOLE:
-        free = gpus.free_whole()
-        if len(free) < demand.units:
-            return Fit(False, f"{demand.units} whole GPUs asked, {len(free)} of {gpus.usable} free")
-        if demand.nvlink and demand.units > 1:
-            best = gpus.topology.best_set(free, demand.units)
-            if best is None or not gpus.topology.all_nvlinked(best):
-                largest = gpus.topology.largest_nvlink_set(free)
-                if largest < demand.units and gpus.topology.largest_nvlink_set(list(range(gpus.usable))) < demand.units:
-                    return Fit(False, f"no NVLink-connected set of {demand.units} GPUs on this node",
-                               unresolvable=True)
-                return Fit(False, f"no NVLink-connected set of {demand.units} free GPUs (largest: {largest})")
-            chosen = best
-        elif not place:
-            return Fit(True)
-        else:
-            chosen = gpus.predict_whole(demand.units) or tuple(free[: demand.units])
-        return Fit(True, placement=Placement(chosen))
-    # Replicas and MIG instances: Kubernetes counts the units per node, and the device plugin hands out
-    # any free ones, from one GPU or several. So the count decides, and each unit is then placed on a
-    # GPU the way a one-unit pod would be (one model for one unit and for many).
-    label = offering.label
     used = node.units_used.get(demand.resource, 0)
-    left = offering.allocatable - used
-    if left < demand.units:
-        return Fit(False, f"{label}: {max(0, left)} of {offering.allocatable} free")
-    profile = offering.mig_profile if offering.backing is BackingKind.MIG else None
-    milli = int(offering.fraction * FULL)
-    where = gpus.predict_units(demand.units, milli, mig_profile=profile)
-    if len(where) < demand.units:  # the count allows it, the per-GPU picture does not
-        what = f"{profile.name} instance" if profile is not None else "replica"
-        if demand.units == 1:
-            return Fit(False, f"{label}: no GPU has room for another {what}")
-        return Fit(False, f"{label}: the GPUs have room for {len(where)} more {what}s, {demand.units} asked")
-    return Fit(True, placement=unit_placement(offering, where))
-
-
-def unit_placement(offering: Offering, gpus: tuple[int, ...]) -> Placement:
-    """Replicas or MIG instances of ``offering``, one per entry of ``gpus`` (a GPU may repeat)."""
-    profile = offering.mig_profile if offering.backing is BackingKind.MIG else None
-    return Placement(gpus, int(offering.fraction * FULL), offering.memory_mib, whole=False,
-                     mig_profile=profile.name if profile is not None else None, replicas=0 if profile else 1)
+    return devices.device_for(verdict).fit(verdict, node.gpus, used, demand.units, demand.nvlink, place)
 
 
 def recorded_placement(pod: dict[str, Any], node: NodeState, demand: Demand) -> Placement | None:
@@ -224,17 +169,7 @@ def recorded_placement(pod: dict[str, Any], node: NodeState, demand: Demand) -> 
     offering = node.inventory.offering(demand.resource)
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     recorded = parse_gpu_annotation(str(annotations.get(labels.ANN_GPUS, "")))
-    if offering is None or offering.backing is BackingKind.WHOLE:
-        if recorded is not None and len(recorded) == demand.units:
-            return Placement(recorded)
-        free = node.gpus.free_whole()
-        return Placement(node.gpus.predict_whole(demand.units) or tuple(free[: demand.units]))
-    # one GPU per unit; an annotation with fewer (one written for several units, say) is repeated
-    if recorded is not None:
-        return unit_placement(offering, tuple(recorded[i % len(recorded)] for i in range(demand.units)))
-    predicted = fit(node, demand).placement
-    if predicted is not None:
-        return predicted
-    # over-committed as far as we can tell (e.g. bound before we knew): still count it, on GPU 0
-    return unit_placement(offering, (0,) * demand.units)
-
+    used = node.units_used.get(demand.resource, 0)
+    if offering is None:  # bound where its resource is not sold (before we knew?): counted as whole GPUs
+        return devices.WHOLE.recorded(offering, node.gpus, used, demand.units, recorded)
+    return devices.device_for(offering).recorded(offering, node.gpus, used, demand.units, recorded)

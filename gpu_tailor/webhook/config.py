@@ -31,8 +31,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gpu_tailor.gpumodel import labels, mig
+from gpu_tailor.gpumodel import devices, labels, mig
 from gpu_tailor.gpumodel.ask import Isolation
+from gpu_tailor.gpumodel.devices.base import DeclaredSpec
 from gpu_tailor.gpumodel.quantity import QuantityError, parse_bytes
 
 
@@ -66,27 +67,22 @@ class DeclaredOffering(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> DeclaredOffering:
-        if self.backing == "mig":
-            if not self.migProfile:
-                raise ValueError("backing mig needs migProfile (e.g. 1g.10gb)")
-            if mig.profile_for(self.product, self.migProfile) is None:
-                sku = mig.sku_for_product(self.product)
-                known = ", ".join(p.name for p in sku.profiles) if sku else "none: not a MIG-capable product"
-                hint = ""
-                if "+me" in self.migProfile:
-                    # '+' is not allowed in a resource name: the device plugin sells +me instances as the plain profile
-                    plain = f"{labels.MIG_LABEL_PREFIX}{self.migProfile.replace('+me', '')}"
-                    hint = f"; +me instances are sold as {plain}, so declare that profile"
-                raise ValueError(f"unknown MIG profile {self.migProfile!r} for {self.product} (known: {known}){hint}")
-        elif self.migProfile:
-            raise ValueError(f"migProfile is only for backing mig, not {self.backing}")
-        if self.backing in ("time-slicing", "mps") and self.replicas is None:
-            raise ValueError(f"backing {self.backing} needs replicas (>= 2)")
-        if self.backing in ("whole", "mig") and self.replicas is not None:
-            raise ValueError(f"replicas is only for time-slicing or mps, not {self.backing}")
+        problem = devices.DEVICES[self.backing].declared_problem(self.spec())
+        if problem:
+            raise ValueError(problem)
         if self.gpuMemory is None and mig.sku_for_product(self.product) is None:
             raise ValueError(f"gpuMemory is required for {self.product} (not in the MIG table)")
         return self
+
+    def spec(self) -> DeclaredSpec:
+        """The offering as its device reads it (``gpumodel.devices``)."""
+        sku = mig.sku_for_product(self.product)
+        memory = parse_bytes(self.gpuMemory) // 2**20 if self.gpuMemory else (sku.memory_mib if sku else 0)
+        return DeclaredSpec(
+            backing=self.backing, product=self.product, mig_profile=self.migProfile, mig_strategy=self.migStrategy,
+            replicas=self.replicas, renamed=self.renamed, fail_requests_gt_one=self.failRequestsGreaterThanOne,
+            gpu_memory_mib=memory, gpus_per_node=self.gpusPerNode,
+            node_selector=tuple(sorted(self.nodeSelector.items())))
 
 
 class AdmissionPolicy(BaseModel):

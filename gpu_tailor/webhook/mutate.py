@@ -16,8 +16,9 @@ import jsonpatch
 
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import ContainerAsk, Isolation, PodAsk, from_pod
-from gpu_tailor.gpumodel.catalog import Candidate, NoFit, OfferingChoice, choose
-from gpu_tailor.gpumodel.inventory import Sharing, UnitsRefusal, units_refusal
+from gpu_tailor.gpumodel.catalog import Candidate, NoFit, OfferingChoice, choose, free_somewhere
+from gpu_tailor.gpumodel.devices.base import GPU_TOLERATION, Toleration
+from gpu_tailor.gpumodel.inventory import UnitsRefusal
 from gpu_tailor.gpumodel.resources import parse_resource
 from gpu_tailor.webhook.config import AdmissionPolicy
 
@@ -61,14 +62,18 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
             return _deny(denial, 422)
     isolation = ask.isolation if labels.ANN_ISOLATION in annotations else policy.defaultIsolation
 
-    for resource in ask.effective_native:
-        verdict = _native_units_check(resource, ask.most_in_one_container(resource), candidates)
+    for resource, units in ask.effective_native.items():
+        per_container = ask.most_in_one_container(resource)
+        verdict = _native_units_check(resource, per_container, candidates)
         if isinstance(verdict, Decision):
             return verdict
         if verdict:
             warnings.append(verdict)
+        if free_somewhere(resource, units, per_container, candidates) is False:
+            warnings.append(f"no node has {units} x {resource} free right now; the pod waits for capacity")
 
     backing = "native"
+    tolerations: tuple[Toleration, ...] = (GPU_TOLERATION,)
     if ask.virtual:
         choice = choose(ask, candidates, isolation)
         if isinstance(choice, NoFit):
@@ -76,9 +81,10 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
         _rewrite(pod, ask, choice)
         backing = choice.candidate.backing
         _annotate(pod, ask, isolation, backing)
-        if not choice.candidate.free_units:
+        if not choice.free_now:
             warnings.append(f"no {choice.candidate.backing} is free right now; the pod waits for capacity")
-    _tolerate(pod)
+        tolerations = (*tolerations, *choice.candidate.write.tolerations)
+    _tolerate(pod, tolerations)
     if policy.schedulerName and (pod.get("spec") or {}).get("schedulerName") in (None, "", KUBE_DEFAULT_SCHEDULER):
         pod.setdefault("spec", {})["schedulerName"] = policy.schedulerName
     patch = list(jsonpatch.make_patch(obj, pod))
@@ -117,7 +123,7 @@ def _native_units_check(resource: str, count: int, candidates: list[Candidate]) 
     offers = [c for c in candidates if c.resource == resource]
     if not offers:
         return None
-    refusals = [units_refusal(resource, count, c.kind, c.sharing, c.fail_requests_gt_one) for c in offers]
+    refusals = [c.device.units_refusal(resource, count, c.sharing, c.fail_requests_gt_one) for c in offers]
     usable = [c for c, r in zip(offers, refusals, strict=True) if r is None]
     if not usable:
         where = ", ".join(sorted({f"{c.backing} on {c.product}" for c in offers}))
@@ -128,7 +134,7 @@ def _native_units_check(resource: str, count: int, candidates: list[Candidate]) 
                          f"{labels.GPU_MILLI}")
         return _deny(f"{resource}: {count} requested, but every node offering it fails requests for more than one "
                      f"replica ({where}); ask for 1")
-    if all(c.sharing is not Sharing.NONE for c in usable):
+    if not any(c.device.units_add_up(c.offering) for c in usable):
         return (f"{resource}: {count} replicas of a shared GPU are not combined into more GPU: "
                 f"they give no more compute or memory than one ({usable[0].backing} on {usable[0].product})")
     return None
@@ -166,13 +172,13 @@ def _require_nodes(pod: dict[str, Any], cand: Candidate) -> None:
         have.extend(e for e in exprs if e not in have)
 
 
-def _tolerate(pod: dict[str, Any]) -> None:
+def _tolerate(pod: dict[str, Any], wanted: tuple[Toleration, ...]) -> None:
+    """Add each wanted toleration the pod does not have already (an empty effect tolerates every effect)."""
     tolerations = pod.setdefault("spec", {}).setdefault("tolerations", [])
-    for t in tolerations:
-        if t.get("key") == labels.GPU_TAINT_KEY and t.get("operator") == "Exists" and t.get("effect") in (
-                None, "", "NoSchedule"):
-            return
-    tolerations.append({"key": labels.GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"})
+    for key, operator, effect in dict.fromkeys(wanted):
+        if not any(t.get("key") == key and t.get("operator") == operator and t.get("effect") in (None, "", effect)
+                   for t in tolerations):
+            tolerations.append({"key": key, "operator": operator, "effect": effect})
 
 
 def _annotate(pod: dict[str, Any], ask: PodAsk, isolation: Isolation, backing: str) -> None:

@@ -6,16 +6,12 @@ One writer (the watch or the cluster-file loader) calls ``reset``/``apply``; han
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Any
 
-from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel import catalog
 from gpu_tailor.gpumodel.ask import from_pod
 from gpu_tailor.gpumodel.catalog import Candidate, from_inventories
-from gpu_tailor.gpumodel.inventory import BackingKind, NodeInventory, Sharing, from_node
-from gpu_tailor.gpumodel.mig import profile_for, sku_for_product
-from gpu_tailor.gpumodel.products import normalise
-from gpu_tailor.gpumodel.quantity import parse_bytes
+from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
 from gpu_tailor.webhook.config import AdmissionPolicy, DeclaredOffering
 
 
@@ -63,29 +59,4 @@ def usage(pods: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
 
 
 def declared_candidate(o: DeclaredOffering) -> Candidate:
-    product = normalise(o.product)
-    sku = sku_for_product(o.product)
-    gpu_memory = parse_bytes(o.gpuMemory) // 2**20 if o.gpuMemory else (sku.memory_mib if sku else 0)
-    selector = tuple((k, "In", (v,)) for k, v in sorted(o.nodeSelector.items()))
-    if o.backing == "mig":
-        profile = profile_for(o.product, o.migProfile or "")
-        assert profile is not None  # checked by the config model
-        resource = labels.GPU_RESOURCE if o.migStrategy == "single" else f"{labels.MIG_LABEL_PREFIX}{profile.name}"
-        return Candidate(backing=f"mig-{profile.name}", kind=BackingKind.MIG, resource=resource, product=o.product,
-                         model=product.model, fraction=Fraction(profile.compute_slices, profile.total_compute_slices),
-                         memory_mib=profile.memory_mib, max_units_per_node=o.gpusPerNode * profile.max_instances,
-                         affinity=selector or ((labels.MIG_STRATEGY, "In", (o.migStrategy,)),), declared=True)
-    if o.backing == "whole":
-        return Candidate(backing="whole", kind=BackingKind.WHOLE, resource=labels.GPU_RESOURCE, product=o.product,
-                         model=product.model, fraction=Fraction(1), memory_mib=gpu_memory,
-                         max_units_per_node=o.gpusPerNode,
-                         affinity=selector or ((labels.GPU_PRODUCT, "In", (o.product,)),), declared=True)
-    replicas = o.replicas or 2
-    sharing = Sharing(o.backing)
-    return Candidate(backing=f"shared:{o.backing}:{replicas}", kind=BackingKind.SHARED,
-                     resource=labels.GPU_SHARED_RESOURCE if o.renamed else labels.GPU_RESOURCE, product=o.product,
-                     model=product.model, fraction=Fraction(1, replicas), memory_mib=gpu_memory // replicas,
-                     sharing=sharing, fail_requests_gt_one=o.failRequestsGreaterThanOne,
-                     max_units_per_node=o.gpusPerNode * replicas,
-                     affinity=selector or ((labels.GPU_SHARING_STRATEGY, "In", (o.backing,)),
-                                           (labels.GPU_REPLICAS, "In", (str(replicas),))), declared=True)
+    return catalog.declared_candidate(o.spec())

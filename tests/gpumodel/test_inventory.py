@@ -86,7 +86,7 @@ def test_mig_memory_comes_from_labels_not_the_table() -> None:
     memory = {o.label: o.memory_mib for o in inv.offerings}
     assert memory == {"mig-1g.5gb": 4864, "mig-2g.10gb": 9984, "mig-3g.20gb": 20096}
     one_g = inv.offering("nvidia.com/mig-1g.5gb")
-    assert one_g is not None and one_g.mig_profile is not None and one_g.per_gpu == 7
+    assert one_g is not None and one_g.mig_profile is not None and one_g.mig_profile.max_instances == 7
 
 
 def test_replica_size_in_memory() -> None:
