@@ -4,13 +4,16 @@ Builds the cluster from the bundled fixture nodes (copies of all nine kinds, ren
 across them (whole GPUs, MIG slices, replicas, CPU-only), then schedules a Job's replicas one after
 another, as kube-scheduler does: each round a new pending pod with the real ExtenderArgs pod's ask
 (4 whole GPUs) is filtered, prioritized and preempted on 500 random candidates (nodeCacheCapable:
-names only), then bound to a node that fits. Before each round ``--churn`` pods elsewhere are updated
-(the watch's events), so their nodes change too. Prints p50/p99 per verb in milliseconds from this
-one run.
+names only), then bound to a node that fits. Before each round ``--churn`` pods elsewhere are deleted
+and created again (the watch's events), so their nodes change too (a status update that changes
+nothing the extender reads would leave a node as it was). Prints p50/p99 per verb in milliseconds
+from this one run.
 
-Filter keeps its verdicts per ask and re-checks only nodes that changed since; "filter, new ask" times
-the same request with nothing kept (the first pod of a kind). The candidates are consecutive windows of
-the node list, as kube-scheduler's are (each search starts where the last one stopped), so a node
+Every verb reads a snapshot of the cache taken as the server takes it (once per request, copying the
+nodes that changed since the last one), and that is timed with it. Filter keeps its verdicts per ask
+and re-checks only nodes that changed since; "filter, new ask" times the same request with nothing
+kept (the first pod of a kind). The candidates are consecutive windows of the node list, as
+kube-scheduler's are (each search starts where the last one stopped), so a node
 comes back every ``nodes / candidates`` rounds. Prioritize is sent all 500 candidates
 (kube-scheduler sends only those that passed). Preempt is offered 50 nodes with every pod bound there
 as a victim (about 20 each, 6 of them GPU pods), so it tries one release per GPU victim. The policy
@@ -37,8 +40,9 @@ from typing import Any
 from fixture_cluster import fixture_nodes
 
 from gpu_tailor.extender import verbs
-from gpu_tailor.extender.state import ClusterState
-from gpu_tailor.gpumodel.schedule import fit
+from gpu_tailor.extender.cache import Cache
+from gpu_tailor.extender.records import PodRecord
+from gpu_tailor.extender.snapshot import Snapshot
 
 FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "extender"
 
@@ -71,17 +75,18 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=100_000)
     parser.add_argument("--candidates", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--churn", type=int, default=10, help="pods updated elsewhere before each round")
+    parser.add_argument("--churn", type=int, default=10, help="pods replaced elsewhere before each round")
     args = parser.parse_args()
     rng = random.Random(7)
     filt = json.loads((FIX / "filter-nodecache-true-pod-gpu4.json").read_text())
     prio = json.loads((FIX / "prioritize-nodecache-true-pod-gpu4.json").read_text())
     node_objs = fixture_nodes(args.nodes)
     t0 = time.perf_counter()
-    state = ClusterState()
+    state = Cache()
     bound = pods(node_objs, args.pods, rng)
     state.reset_pods(bound)
     state.reset_nodes(node_objs)
+    state.snapshot()  # the first one copies every node
     build = time.perf_counter() - t0
     names = list(state.nodes)
     on_node: dict[str, list[str]] = {n: [] for n in names}  # preempt is offered every pod on the node
@@ -95,31 +100,37 @@ def main() -> None:
         times[verb].append(time.perf_counter() - t)
         return out
 
+    def on_snapshot(verb: Callable[[Snapshot, Any], Any]) -> Callable[[Any], Any]:
+        return lambda body: verb(state.snapshot(), body)  # as the server calls it: one snapshot per request
+
+    def bind(rec: PodRecord, node: str) -> None:
+        state.assume(rec, node, verbs.plan_bind(state.snapshot(), rec, node).placement)
+
     for i in range(args.rounds):
         for obj in rng.sample(bound, args.churn):
-            state.apply_pod("MODIFIED", obj)
+            state.apply_pod("DELETED", obj)
+            state.apply_pod("ADDED", obj)
         replica = copy.deepcopy(filt["Pod"])
         replica["metadata"].update(name=f"replica-{i}", uid=f"replica-{i}")
         state.apply_pod("ADDED", replica)
         start = i * args.candidates % len(names)  # kube-scheduler's window moves on from where the last ended
         cands = (names[start:] + names[:start])[: args.candidates]
         body = {"Pod": replica, "NodeNames": cands}
-        passed = timed("filter", verbs.filter_nodes, state, body)["NodeNames"]
-        timed("prioritize", verbs.prioritize, state, {**prio, "Pod": replica, "NodeNames": cands})
+        passed = timed("filter", on_snapshot(verbs.filter_nodes), body)["NodeNames"]
+        timed("prioritize", on_snapshot(verbs.prioritize), {**prio, "Pod": replica, "NodeNames": cands})
         victims: dict[str, Any] = {n: {"Pods": [{"UID": u} for u in on_node[n]], "NumPDBViolations": 0}
                                    for n in cands[:50]}
-        timed("preempt", verbs.preempt, state, {"Pod": replica, "NodeNameToMetaVictims": victims})
+        timed("preempt", on_snapshot(verbs.preempt), {"Pod": replica, "NodeNameToMetaVictims": victims})
         if passed:
             key, node = f"{replica['metadata']['namespace']}/replica-{i}", passed[0]
-            placed = fit(state.nodes[node], state.pods[key].demand).placement
-            timed("bind", state.assume, key, node, placed)
-        kept, state.verdicts = state.verdicts, OrderedDict()  # as for the first pod of its kind
-        timed("filter, new ask", verbs.filter_nodes, state, body)
-        state.verdicts = kept
+            timed("bind", bind, state.pods[key], node)
+        kept, state.verdicts.asks = state.verdicts.asks, OrderedDict()  # as for the first pod of its kind
+        timed("filter, new ask", on_snapshot(verbs.filter_nodes), body)
+        state.verdicts.asks = kept
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"cluster: {args.nodes} nodes, {args.pods} pods, built in {build:.1f} s; peak RSS {rss:.0f} MiB")
-    print(f"{args.candidates} candidates per request, {args.rounds} rounds, {args.churn} pods updated elsewhere "
-          "per round (bind = the in-memory assumption)")
+    print(f"{args.candidates} candidates per request, {args.rounds} rounds, {args.churn} pods replaced elsewhere "
+          "per round (bind = choosing the GPUs and assuming the pod, no API call)")
     print(f"{'verb':<17}{'p50 ms':>10}{'p99 ms':>10}{'goal p99':>10}")
     for verb in ("filter, new ask", "filter", "prioritize", "preempt", "bind"):
         xs = times[verb]

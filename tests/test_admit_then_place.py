@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpu_tailor.extender import verbs
-from gpu_tailor.extender.state import ClusterState
+from gpu_tailor.extender.cache import Cache
 from gpu_tailor.webhook.config import AdmissionPolicy
 from gpu_tailor.webhook.mutate import decide
 from gpu_tailor.webhook.state import ClusterView
@@ -74,10 +74,10 @@ def test_admitted_exactly_when_some_node_can_place_it(names: list[str], asks: li
     view.reset(nodes(names))
     request = {**review_fixture("a")["request"], "object": obj}
     decision = decide(request, view.candidates(), view.policy)
-    state = ClusterState()
-    state.reset_pods([])
-    state.reset_nodes(nodes(names))
-    out = verbs.filter_nodes(state, {"Pod": obj, "NodeNames": names})
+    cache = Cache()
+    cache.reset_pods([])
+    cache.reset_nodes(nodes(names))
+    out = verbs.filter_nodes(cache.snapshot(), {"Pod": obj, "NodeNames": names})
     assert out["Error"] == ""
     placeable = bool(out["NodeNames"])
     assert (decision.allowed, placeable) == (expected, expected), (decision.message, out)

@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.server import DEFAULT_MAX_BODY, make_app, watch_ctx
-from gpu_tailor.extender.state import ClusterState
 from gpu_tailor.serving import CertReloader, serve_until_stopped, tls_context
 
 
@@ -38,16 +38,16 @@ def load_settings(path: str | None) -> Settings:
 
 async def serve(args: argparse.Namespace) -> None:
     settings = load_settings(args.config)
-    state = ClusterState()
+    cache = Cache()
     if args.cluster_file:
         from gpu_tailor.kube.clusterfile import load_cluster
 
         nodes, pods = load_cluster(args.cluster_file)
-        state.reset_pods(pods)
-        state.reset_nodes(nodes)
-    app = make_app(state, max_body=settings.maxBodyMiB * 2**20)
+        cache.reset_pods(pods)
+        cache.reset_nodes(nodes)
+    app = make_app(cache, max_body=settings.maxBodyMiB * 2**20)
     if not args.cluster_file:
-        app.cleanup_ctx.append(watch_ctx(state, args.kubeconfig, args.in_cluster))
+        app.cleanup_ctx.append(watch_ctx(cache, args.kubeconfig, args.in_cluster))
     ssl_ctx, reloader = None, None
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):

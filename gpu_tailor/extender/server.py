@@ -1,5 +1,9 @@
 """aiohttp app of the scheduler extender: /filter /prioritize /bind /preempt, probes and metrics.
 
+Each handler parses the request, takes the cache's snapshot, calls the pure verb, and serialises its
+answer; what changes the cache (bind's assume/forget, the pods asked about, the policy's mix) and the
+API calls (the Binding) happen here, around the verbs.
+
 Bind answers ``{"Error": ""}`` only once the API server has taken the Binding: kube-scheduler keeps a
 pod it was told is bound in its cache until the API shows it gone, so a refused Binding reported as
 done (a pod deleted mid-bind) would leave its GPUs counted as taken for good.
@@ -17,10 +21,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpu_tailor.extender import verbs
-from gpu_tailor.extender.state import ClusterState, record
+from gpu_tailor.extender.cache import Cache
+from gpu_tailor.extender.records import pod_record
 from gpu_tailor.gpumodel import labels
-from gpu_tailor.gpumodel.occupancy import format_gpu_annotation
-from gpu_tailor.gpumodel.schedule import fit
 from gpu_tailor.serving import add_probes
 
 log = logging.getLogger(__name__)
@@ -75,7 +78,7 @@ class BinderSlot:
         self.binder = binder
 
 
-STATE = web.AppKey("state", ClusterState)
+CACHE = web.AppKey("cache", Cache)
 BINDER = web.AppKey("binder", BinderSlot)
 METRICS = web.AppKey("metrics", Metrics)
 
@@ -119,71 +122,68 @@ def _verb(name: str, fn: Callable[[web.Request, Any], Awaitable[Any]]) -> Callab
 
 
 async def _filter(request: web.Request, body: Any) -> Any:
-    out = verbs.filter_nodes(request.app[STATE], body)
-    request.app[STATE].remember(body["Pod"])  # a valid body: for a bind that beats the watch
+    cache = request.app[CACHE]
+    out = verbs.filter_nodes(cache.snapshot(), body)
+    cache.remember(body["Pod"])  # a valid body: for a bind that beats the watch
     return out
 
 
 async def _prioritize(request: web.Request, body: Any) -> Any:
-    out = verbs.prioritize(request.app[STATE], body)
-    request.app[STATE].remember(body["Pod"])
+    cache = request.app[CACHE]
+    snap = cache.snapshot()
+    asked = verbs.shape_asked(snap, body)
+    if asked is not None:
+        cache.observe(*asked)  # the policy learns the mix from the pods it scores, this one included
+    out = verbs.prioritize(snap, body)
+    cache.remember(body["Pod"])
     return out
 
 
 async def _preempt(request: web.Request, body: Any) -> Any:
-    return verbs.preempt(request.app[STATE], body)
+    return verbs.preempt(request.app[CACHE].snapshot(), body)
 
 
 async def _bind(request: web.Request, body: Any) -> Any:
-    if not isinstance(body, dict) or not all(isinstance(body.get(k), str) for k in ("PodName", "PodNamespace",
-                                                                                    "Node")):
-        raise verbs.WireError("expected ExtenderBindingArgs with PodName, PodNamespace, PodUID, Node")
-    state = request.app[STATE]
+    args = verbs.bind_args(body)
+    cache = request.app[CACHE]
     binder = request.app[BINDER].binder
-    key = f"{body['PodNamespace']}/{body['PodName']}"
-    node, uid = body["Node"], str(body.get("PodUID") or "")
     if binder is None:
         return {"Error": "bind needs the API server (offline --cluster-file mode cannot bind)"}
-    failed = f"binding {key} to {node} failed"
-    rec = state.pending(key, uid)
+    failed = f"binding {args.key} to {args.node} failed"
+    rec = cache.pending(args.key, args.uid)
     if rec is None:  # neither the watch nor filter has shown us this pod: ask the API, never bind blind
         try:
-            pod = await binder.read_pod(body["PodNamespace"], body["PodName"])
+            pod = await binder.read_pod(args.namespace, args.name)
         except Exception as exc:
             return {"Error": f"{failed}: reading the pod: {exc}"}
         if pod is None:
             return {"Error": f"{failed}: the pod is gone (not in the API)"}
-        rec = state.pending(key, uid) or record(pod)  # the watch may have caught up meanwhile
-        if uid and rec.uid != uid:
-            return {"Error": f"{failed}: the pod was replaced (uid {rec.uid}, not {uid})"}
-    gpus: str | None = None
-    placement = None
-    if rec.demand.gpu and node in state.nodes:
-        f = fit(state.nodes[node], rec.demand)
-        if not f.ok:
-            return {"Error": f"pod {key} no longer fits {node}: {f.reason}"}
-        placement = f.placement
-        if placement is not None:
-            gpus = format_gpu_annotation(placement.gpus)
-    state.assume(key, node, placement, rec)  # the very next filter sees it
+        rec = cache.pending(args.key, args.uid) or pod_record(pod)  # the watch may have caught up meanwhile
+        if args.uid and rec.uid != args.uid:
+            return {"Error": f"{failed}: the pod was replaced (uid {rec.uid}, not {args.uid})"}
+    plan = verbs.plan_bind(cache.snapshot(), rec, args.node)
+    if plan.error:
+        return {"Error": plan.error}
+    cache.assume(rec, args.node, plan.placement)  # the very next filter sees it
     try:
-        await binder.bind(body["PodNamespace"], body["PodName"], uid, node, gpus)
+        await binder.bind(args.namespace, args.name, args.uid, args.node, plan.gpus)
     except Exception as exc:
-        state.forget(key)
+        cache.forget(rec.key, rec.uid)
         return {"Error": f"{failed}: {exc}"}
+    cache.finish_binding(rec.key, rec.uid)  # from now on, the watch has ``ttl`` seconds to show it
     return {"Error": ""}
 
 
-def make_app(state: ClusterState, binder: Binder | None = None, max_body: int = DEFAULT_MAX_BODY) -> web.Application:
+def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT_MAX_BODY) -> web.Application:
     app = web.Application(client_max_size=max_body)
-    app[STATE] = state
+    app[CACHE] = cache
     app[METRICS] = Metrics()
     app[BINDER] = BinderSlot(binder)
     app.router.add_post("/filter", _verb("filter", _filter))
     app.router.add_post("/prioritize", _verb("prioritize", _prioritize))
     app.router.add_post("/bind", _verb("bind", _bind))
     app.router.add_post("/preempt", _verb("preempt", _preempt))
-    add_probes(app, lambda a: a[STATE].ready, "not synced with the API server yet",
+    add_probes(app, lambda a: a[CACHE].ready, "not synced with the API server yet",
                lambda a: a[METRICS].registry)
     return app
 
@@ -239,7 +239,7 @@ async def _raw(call: Awaitable[Any]) -> tuple[int, bytes]:
         resp.release()
 
 
-def watch_ctx(state: ClusterState, kubeconfig: str | None, in_cluster: bool) -> Any:
+def watch_ctx(cache: Cache, kubeconfig: str | None, in_cluster: bool) -> Any:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         from kubernetes_asyncio import client
 
@@ -247,8 +247,8 @@ def watch_ctx(state: ClusterState, kubeconfig: str | None, in_cluster: bool) -> 
 
         def watches(api: Any) -> list[Coroutine[Any, Any, None]]:
             core = client.CoreV1Api(api)
-            return [list_and_watch(core.list_node, state.reset_nodes, state.apply_node),
-                    list_and_watch(core.list_pod_for_all_namespaces, state.reset_pods, state.apply_pod)]
+            return [list_and_watch(core.list_node, cache.reset_nodes, cache.apply_node),
+                    list_and_watch(core.list_pod_for_all_namespaces, cache.reset_pods, cache.apply_pod)]
 
         async with watching(kubeconfig, in_cluster, watches) as api:
             app[BINDER].binder = ApiBinder(api)

@@ -1,6 +1,8 @@
-"""The four extender verbs over the cluster state, on the ``k8s.io/kube-scheduler/extender/v1`` wire.
+"""The extender's decisions, on the ``k8s.io/kube-scheduler/extender/v1`` wire: pure functions of a snapshot.
 
-Field names are the Go struct names (the types carry no JSON tags): ExtenderArgs ``Pod``, ``Nodes``,
+Filter, prioritize, preempt and the choice bind makes read a ``Snapshot`` and the request, and return
+the answer; none changes the cache (the server assumes, remembers and teaches the policy). Field
+names are the Go struct names (the types carry no JSON tags): ExtenderArgs ``Pod``, ``Nodes``,
 ``NodeNames``; ExtenderFilterResult ``Nodes``, ``NodeNames``, ``FailedNodes``,
 ``FailedAndUnresolvableNodes``, ``Error``; HostPriority ``Host``, ``Score``; ExtenderBindingArgs
 ``PodName``, ``PodNamespace``, ``PodUID``, ``Node``; ExtenderPreemptionArgs ``Pod``,
@@ -10,12 +12,15 @@ Field names are the Go struct names (the types carry no JSON tags): ExtenderArgs
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from gpu_tailor.extender.state import ClusterState, PodRecord
-from gpu_tailor.gpumodel.occupancy import Placement
+from gpu_tailor.extender.records import PodRecord
+from gpu_tailor.extender.snapshot import Snapshot
+from gpu_tailor.gpumodel.fleet import Shape
+from gpu_tailor.gpumodel.occupancy import Placement, format_gpu_annotation
 from gpu_tailor.gpumodel.schedule import Demand, NodeState, demand_of, fit, pod_key, shape_of
 
 MAX_SCORE = 10
@@ -25,7 +30,8 @@ class WireError(ValueError):
     """The body is not what kube-scheduler sends: HTTP 400."""
 
 
-def _pod(body: Any) -> dict[str, Any]:
+def pod_of(body: Any) -> dict[str, Any]:
+    """The ``Pod`` of ExtenderArgs or ExtenderPreemptionArgs."""
     if not isinstance(body, dict):
         raise WireError("expected a JSON object")
     pod = body.get("Pod")
@@ -52,10 +58,10 @@ def _node_names(body: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, An
     raise WireError("expected 'NodeNames' (nodeCacheCapable) or 'Nodes' with 'items'")
 
 
-def filter_nodes(state: ClusterState, body: Any) -> dict[str, Any]:
-    pod = _pod(body)
+def filter_nodes(snap: Snapshot, body: Any) -> dict[str, Any]:
+    pod = pod_of(body)
     names, objs = _node_names(body)
-    if not state.ready:
+    if not snap.ready:
         return {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
                 "Error": "gpu-tailor extender is not synced with the API server yet"}
     demand = demand_of(pod)
@@ -65,7 +71,7 @@ def filter_nodes(state: ClusterState, body: Any) -> dict[str, Any]:
     if not demand.gpu and not demand.error:
         passed = list(names)  # nothing of ours to check: kube-scheduler checks CPU and memory
     else:
-        for name, f in zip(names, state.fits(names, demand), strict=True):
+        for name, f in zip(names, snap.fits(names, demand), strict=True):
             if f.ok:
                 passed.append(name)
             elif f.unresolvable:
@@ -80,29 +86,45 @@ def filter_nodes(state: ClusterState, body: Any) -> dict[str, Any]:
     return out
 
 
-def prioritize(state: ClusterState, body: Any) -> list[dict[str, Any]]:
-    pod = _pod(body)
-    names, _ = _node_names(body)
-    if not state.ready or not names:
-        return [{"Host": n, "Score": 0} for n in names]
-    demand = demand_of(pod)
-    known = [n for n in names if n in state.nodes and n in state.fleet.index]
+def _scored(snap: Snapshot, names: list[str]) -> list[str]:
+    """The candidates the fleet has a row for."""
+    return [n for n in names if n in snap.nodes and n in snap.fleet.index]
+
+
+def _shape(snap: Snapshot, demand: Demand, known: list[str]) -> Shape:
     offering = None
     for n in known:
-        offering = state.nodes[n].inventory.offering(demand.resource) if demand.gpu else None
+        offering = snap.nodes[n].state.inventory.offering(demand.resource) if demand.gpu else None
         if offering is not None:
             break
-    shape = shape_of(demand, offering)
-    policy = state.policy
-    uid = _uid(pod)
-    state.observe(uid, shape)
-    rows = np.array([state.fleet.index[n] for n in known], np.int64)
-    scores, _ = policy.node_scores(shape, rows) if len(rows) else (np.zeros(0), None)
+    return shape_of(demand, offering)
+
+
+def shape_asked(snap: Snapshot, body: Any) -> tuple[str, Shape] | None:
+    """The uid and shape of the pod prioritize is asked to score (what the policy learns its mix from);
+    None when prioritize would not score it."""
+    pod = pod_of(body)
+    names, _ = _node_names(body)
+    if not snap.ready or not names:
+        return None
+    return _uid(pod), _shape(snap, demand_of(pod), _scored(snap, names))
+
+
+def prioritize(snap: Snapshot, body: Any) -> list[dict[str, Any]]:
+    pod = pod_of(body)
+    names, _ = _node_names(body)
+    if not snap.ready or not names:
+        return [{"Host": n, "Score": 0} for n in names]
+    demand = demand_of(pod)
+    known = _scored(snap, names)
+    shape = _shape(snap, demand, known)
+    rows = np.array([snap.fleet.index[n] for n in known], np.int64)
+    scores, _ = snap.policy.node_scores(shape, rows) if len(rows) else (np.zeros(0), None)
     by_name = {n: s for n, s in zip(known, scores.tolist(), strict=True) if s == s}  # NaN: does not fit
     if demand.gpu:  # the fleet model is coarse for MIG/replicas: a node must also pass fit()
-        ok = state.fits(list(by_name), demand)
+        ok = snap.fits(list(by_name), demand)
         by_name = {n: s for (n, s), f in zip(by_name.items(), ok, strict=True) if f.ok}
-    degraded = state.degraded
+    degraded = snap.degraded
     healthy = [s for n, s in by_name.items() if n not in degraded]
     lo, hi = (min(healthy), max(healthy)) if healthy else (0.0, 0.0)
     out = []
@@ -158,8 +180,8 @@ class _Trial:
         return fit(self.node, demand, place=False).ok
 
 
-def preempt(state: ClusterState, body: Any) -> dict[str, Any]:
-    pod = _pod(body)
+def preempt(snap: Snapshot, body: Any) -> dict[str, Any]:
+    pod = pod_of(body)
     meta_victims = body.get("NodeNameToMetaVictims")
     full_victims = body.get("NodeNameToVictims")
     source = meta_victims if isinstance(meta_victims, dict) else full_victims if isinstance(full_victims, dict) else {}
@@ -168,14 +190,15 @@ def preempt(state: ClusterState, body: Any) -> dict[str, Any]:
     for node, entry in source.items():
         uids = _victim_uids(entry)
         pdb = int((entry or {}).get("NumPDBViolations") or 0)
-        ns = state.nodes.get(node)
-        if not demand.gpu or ns is None:
+        info = snap.nodes.get(node)
+        if not demand.gpu or info is None:
             out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
             continue
-        victims = [state.pods.get(state.by_uid.get(uid, "")) for uid in uids]
-        trial = _Trial(ns)
+        counted = {r.uid: r for r in info.pods.values()}
+        victims = [counted.get(uid) for uid in uids]  # only pods counted on that node
+        trial = _Trial(info.state)
         for rec in victims:
-            if rec is not None and rec.node == node and rec.demand.gpu:
+            if rec is not None and rec.demand.gpu:
                 trial.evict(rec)
         if not trial.fits(demand):
             continue  # evicting them all still would not free the GPUs it needs
@@ -192,3 +215,49 @@ def preempt(state: ClusterState, body: Any) -> dict[str, Any]:
                 trial.evict(rec)
         out[node] = {"Pods": [{"UID": u} for u in keep], "NumPDBViolations": pdb}
     return {"NodeNameToMetaVictims": out}
+
+
+@dataclass(frozen=True, slots=True)
+class BindArgs:
+    """ExtenderBindingArgs."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def bind_args(body: Any) -> BindArgs:
+    if not isinstance(body, dict) or not all(isinstance(body.get(k), str) for k in ("PodName", "PodNamespace",
+                                                                                    "Node")):
+        raise WireError("expected ExtenderBindingArgs with PodName, PodNamespace, PodUID, Node")
+    return BindArgs(body["PodNamespace"], body["PodName"], str(body.get("PodUID") or ""), body["Node"])
+
+
+@dataclass(frozen=True, slots=True)
+class BindPlan:
+    """What bind does: the GPUs to assume and annotate (None: no GPUs, or a node gpu-tailor does not
+    know), or why it must not bind (``error``, for kube-scheduler's ``Error``)."""
+
+    placement: Placement | None = None
+    error: str = ""
+
+    @property
+    def gpus(self) -> str | None:
+        """The ``gpu-tailor.io/gpus`` annotation to write."""
+        return format_gpu_annotation(self.placement.gpus) if self.placement is not None else None
+
+
+def plan_bind(snap: Snapshot, rec: PodRecord, node: str) -> BindPlan:
+    """The GPUs the pod gets on ``node``: what the device plugin would hand it, on the node as it is now."""
+    info = snap.nodes.get(node)
+    if not rec.demand.gpu or info is None:
+        return BindPlan()
+    f = fit(info.state, rec.demand)
+    if not f.ok:
+        return BindPlan(error=f"pod {rec.key} no longer fits {node}: {f.reason}")
+    return BindPlan(f.placement)

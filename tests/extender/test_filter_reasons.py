@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from gpu_tailor.extender import verbs
-from gpu_tailor.extender.state import ClusterState
+from gpu_tailor.extender.cache import Cache
+from gpu_tailor.extender.snapshot import Snapshot
 from gpu_tailor.gpumodel.quantity import parse_count
 from tests.conftest import FIXTURES, load_fixture, node_fixture
 
@@ -61,11 +62,11 @@ def held(node: str, resource: str, units: int, count: int = 1) -> list[dict[str,
     return pods
 
 
-def cluster(pods: list[dict[str, Any]] = ()) -> ClusterState:  # type: ignore[assignment]
-    state = ClusterState()
-    state.reset_pods(list(pods))
-    state.reset_nodes([node_fixture(n) for n in NODE_NAMES])
-    return state
+def cluster(pods: list[dict[str, Any]] = ()) -> Snapshot:  # type: ignore[assignment]
+    cache = Cache()
+    cache.reset_pods(list(pods))
+    cache.reset_nodes([node_fixture(n) for n in NODE_NAMES])
+    return cache.snapshot()
 
 
 def verdict(out: dict[str, Any], node: str) -> tuple[str, str]:

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestServer
 
+from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.server import make_app
-from gpu_tailor.extender.state import ClusterState
 from gpu_tailor.gpumodel import mig
 from tests.conftest import FIXTURES
 
@@ -41,7 +41,7 @@ def test_scheduler_config_profile_and_extender() -> None:
     # only field names a real v1.28.7 scheduler was configured with (the captured configs)
     real = yaml.safe_load((FIXTURES / "extender" / "scheduler-config-nodecache-true.yaml").read_text())
     assert set(ext) <= set(real["extenders"][0]) | {"httpTimeout"}
-    routes = {r.resource.canonical for r in make_app(ClusterState()).router.routes() if r.resource}
+    routes = {r.resource.canonical for r in make_app(Cache()).router.routes() if r.resource}
     for verb in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb"):
         assert f"/{ext[verb]}" in routes
 
@@ -132,9 +132,9 @@ async def test_exec_probes_pass_exactly_on_http_200(probe: str, synced: bool, ex
     extender = {c["name"]: c for c in pod["containers"]}["extender"]
     listen = extender["args"][extender["args"].index("--listen") + 1]
     command: list[str] = extender[probe]["exec"]["command"]
-    state = ClusterState()
-    state.nodes_synced = state.pods_synced = synced
-    server = TestServer(make_app(state), host="127.0.0.1")
+    cache = Cache()
+    cache.nodes_synced = cache.pods_synced = synced
+    server = TestServer(make_app(cache), host="127.0.0.1")
     await server.start_server()
     try:
         port = str(server.port)

@@ -1,0 +1,334 @@
+"""The extender's cache of the cluster, after kube-scheduler's (``pkg/scheduler/internal/cache``).
+
+One writer keeps it: the node and pod watches (or a cluster file), plus bind's ``assume``,
+``finish_binding`` and ``forget``. Requests read a ``Snapshot`` of it (``snapshot()``), never the
+maps below.
+
+Pods are kept as ``PodRecord``s, never as pod objects, and indexed per node, so a node event touches
+only that node's pods. A pod's GPUs are chosen once -- at bind, from its ``gpu-tailor.io/gpus``
+annotation, or predicted the first time it is seen bound without one -- and then stay with its
+record: a node event re-places the node's pods from their records, and a pod event moves a pod's GPUs
+only when its node or its own annotation says otherwise.
+
+Bind *assumes* a pod: it counts on its node at once, so the next filter sees its GPUs taken. The
+watch *confirms* it when it shows the pod bound to that node (keeping the GPUs bind chose unless the
+pod's annotation names others); a refused Binding *forgets* it; an assumption the watch never
+confirms *expires* ``ttl`` seconds after its Binding was accepted (checked at every snapshot). A
+relist rebuilds the pods from the list, except assumed pods still within their deadline, which the
+list may simply predate (kube-scheduler's informer can be ahead of our watch).
+
+Bind needs the pod's demand, and kube-scheduler's informer can see a pod before the extender's
+watch does (a busy API server, 2 cores). Filter and prioritize carry the whole Pod, so the pods they
+were asked about are kept as records (the most recent few, by namespace/name and uid) until the watch
+delivers them or they are bound; bind falls back to them, then to reading the pod from the API.
+
+The placement policy learns the mix of pod shapes from the pods it sees: the pods it is asked to
+score, and the GPU pods the API shows bound to nodes, each pod once (by uid). So a restarted
+extender scores with the cluster's mix from its first request. CPU-only pods bound elsewhere are not
+counted: most belong to other schedulers (DaemonSets on every node would swamp the mix).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from gpu_tailor.extender.records import PodRecord, confirmed, holds, kept, live, pod_record, pod_uid, waiting, where
+from gpu_tailor.extender.snapshot import NodeInfo, Snapshot, Verdicts
+from gpu_tailor.gpumodel.fleet import Fleet, Shape
+from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, from_node
+from gpu_tailor.gpumodel.occupancy import Placement
+from gpu_tailor.gpumodel.policies import TailorPolicy
+from gpu_tailor.gpumodel.schedule import NodeState, node_state, pod_key, shape_of
+
+log = logging.getLogger(__name__)
+
+ASSUMED_TTL = 30.0  # seconds an accepted Binding may go unseen by the watch before its GPUs are freed
+KEPT_PENDING = 512  # pods asked about and not yet seen by the watch (least recently asked dropped first)
+
+
+class Cache:
+    """Nodes, pods and assumptions, kept by the watches and bind; read through ``snapshot()``."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, ttl: float = ASSUMED_TTL) -> None:
+        self.clock, self.ttl = clock, ttl
+        self.nodes: dict[str, NodeState] = {}  # the writer's own copies, changed in place
+        self.generation: dict[str, int] = {}
+        self.kind_of: dict[str, int] = {}
+        self.kinds: dict[tuple[Any, ...], int] = {}
+        self.pods: dict[str, PodRecord] = {}  # by namespace/name
+        self.on_node: dict[str, dict[str, PodRecord]] = {}  # node -> key -> record, nodes not known yet too
+        self.assumed: set[str] = set()  # keys of assumed records
+        self.asked: OrderedDict[str, PodRecord] = OrderedDict()  # see the module notes
+        self.seen: set[str] = set()  # uids of the pods whose shape the policy has learnt
+        self.fleet = Fleet()
+        self.policy = TailorPolicy(self.fleet)
+        self.verdicts = Verdicts()
+        self.nodes_synced = False
+        self.pods_synced = False
+        self._last_generation = 0
+        self._dirty: set[str] = set()  # nodes changed since the last snapshot
+        self._view: dict[str, NodeInfo] = {}
+        self._degraded: set[str] = set()
+
+    @property
+    def ready(self) -> bool:
+        return self.nodes_synced and self.pods_synced
+
+    # ----- the read side -----
+    def snapshot(self) -> Snapshot:
+        """The cluster for one request: nodes that changed since the last call are copied, and their
+        fleet rows written; assumptions past their deadline are dropped first."""
+        self.expire()
+        for name in self._dirty:
+            self._refresh(name)
+        self._dirty.clear()
+        return Snapshot(self._view, self.fleet, self.policy, frozenset(self._degraded), self.verdicts, self.ready)
+
+    def _refresh(self, name: str) -> None:
+        ns = self.nodes.get(name)
+        if ns is None:
+            self._view.pop(name, None)
+            self.fleet.remove(name)
+            self._degraded.discard(name)
+            self.verdicts.drop(name)
+            return
+        copy = replace(ns, gpus=ns.gpus.copy(), units_used=dict(ns.units_used))
+        pods = dict(self.on_node.get(name, {}))
+        self._view[name] = NodeInfo(copy, self.generation[name], self.kind_of[name], pods)
+        inv = ns.inventory
+        if inv.health.state is HealthState.DEGRADED:
+            self._degraded.add(name)
+        else:
+            self._degraded.discard(name)
+        gpus = copy.gpus
+        free = [s.free_milli if i < gpus.usable else 0 for i, s in enumerate(gpus.slots)]
+        self.fleet.upsert(name, inv.cpu_milli - copy.cpu_used, inv.memory_bytes // 2**20 - copy.mem_used_mib, free,
+                          inv.model, gpus.topology, cpu_capacity=inv.cpu_milli)
+        if inv.unschedulable:
+            self.fleet.remove(name)
+
+    # ----- what requests teach it -----
+    def observe(self, uid: str, shape: Shape) -> None:
+        """Teach the policy one pod's shape, once per pod."""
+        if uid not in self.seen:
+            self.seen.add(uid)
+            self.policy.observe(shape)
+
+    def remember(self, pod: dict[str, Any]) -> None:
+        """Keep a pod filter or prioritize was asked about, for a bind that comes before the watch's news."""
+        key, uid = pod_key(pod), pod_uid(pod)
+        known = self.pods.get(key)
+        if known is not None and known.uid == uid:
+            return  # the watch has it
+        self.asked[key] = pod_record(pod)
+        self.asked.move_to_end(key)
+        if len(self.asked) > KEPT_PENDING:
+            self.asked.popitem(last=False)
+
+    def pending(self, key: str, uid: str) -> PodRecord | None:
+        """The pod to bind: as the watch shows it, else as last asked about; None when neither has it
+        (or has another pod of that name). ``uid`` "" matches any."""
+        for rec in (self.pods.get(key), self.asked.get(key)):
+            if rec is not None and (not uid or rec.uid == uid):
+                return rec
+        return None
+
+    # ----- bind -----
+    def assume(self, rec: PodRecord, node: str, placement: Placement | None) -> None:
+        """Count the pod on ``node`` with ``placement`` until the watch confirms it (or ``forget``, or
+        expiry); it replaces whatever was kept under its name."""
+        old = self.pods.get(rec.key)
+        if old is not None:
+            self._drop(old)
+        self.asked.pop(rec.key, None)
+        self._add(replace(rec, node=node, placement=placement, deadline=math.inf))
+
+    def finish_binding(self, key: str, uid: str) -> None:
+        """The API server took the Binding: the assumption now expires unless the watch shows the pod."""
+        rec = self.pods.get(key)
+        if rec is not None and rec.uid == uid and rec.deadline == math.inf:
+            self._swap(rec, replace(rec, deadline=self.clock() + self.ttl))
+
+    def forget(self, key: str, uid: str) -> None:
+        """The Binding was refused: the pod is pending again and holds nothing."""
+        rec = self.pods.get(key)
+        if rec is not None and rec.assumed and (not uid or rec.uid == uid):
+            self._drop(rec)
+            self._add(replace(rec, node="", placement=None, deadline=None))
+
+    def expire(self) -> None:
+        """Forget assumptions whose deadline has passed (the watch never showed those pods bound)."""
+        if not self.assumed:
+            return
+        now = self.clock()
+        for key in [k for k in self.assumed if not live(self.pods[k], now)]:
+            rec = self.pods[key]
+            log.warning("pod %s assumed on %s was never seen bound there: its GPUs are free again", key, rec.node)
+            self.forget(key, rec.uid)
+
+    # ----- the watches -----
+    def reset_nodes(self, items: list[dict[str, Any]]) -> None:
+        """A node relist: every node is rebuilt from the list; pods keep their GPUs."""
+        self._dirty.update(self.nodes)
+        self.nodes, self.generation, self.kind_of = {}, {}, {}
+        self.verdicts.clear()  # every node is new: nothing kept would be trusted anyway
+        for obj in items:
+            self._install(from_node(obj))
+        self.nodes_synced = True
+
+    def apply_node(self, event: str, obj: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if event == "DELETED":
+            if self.nodes.pop(name, None) is not None:
+                self.generation.pop(name, None)
+                self.kind_of.pop(name, None)
+                self._dirty.add(name)
+            return  # its pods stay indexed under it, counted nowhere, until they go or it comes back
+        inv = from_node(obj)
+        old = self.nodes.get(name)
+        if old is not None and old.inventory == inv:
+            return  # a status update that changes nothing decisions read
+        self._install(inv)
+
+    def _install(self, inv: NodeInventory) -> None:
+        """A fresh state for the node, its pods placed again from their records (kept GPUs first, so
+        the ones still to predict see them)."""
+        name = inv.name
+        self.nodes[name] = node_state(inv)
+        self.kind_of[name] = self.kinds.setdefault((inv.health, inv.product, inv.offerings), len(self.kinds))
+        self._touch(name)
+        on = self.on_node.get(name)
+        if not on:
+            return
+        for rec in sorted(on.values(), key=lambda r: r.placement is None and r.recorded is None):
+            on[rec.key] = placed = self._place(rec, refit=True)
+            if placed is not rec:
+                self.pods[rec.key] = placed
+
+    def reset_pods(self, items: list[dict[str, Any]]) -> None:
+        """A pod relist: the pods are rebuilt from the list. Assumed pods still within their deadline
+        stay (confirmed where the list shows them bound there); a pod listed on the node it was on
+        keeps its GPUs unless its annotation names others."""
+        now = self.clock()
+        before = self.pods
+        assumed = {k: before[k] for k in self.assumed if live(before[k], now)}
+        for name, ns in self.nodes.items():
+            self.nodes[name] = node_state(ns.inventory)
+            self._touch(name)
+        self.pods, self.on_node, self.assumed = {}, {}, set()
+        records = []
+        for obj in items:
+            rec = pod_record(obj)
+            if (asked := self.asked.get(rec.key)) is not None and asked.uid == rec.uid:
+                del self.asked[rec.key]
+            mine = assumed.pop(rec.key, None)
+            if mine is not None and mine.uid == rec.uid and (waiting(obj) or rec.node == mine.node):
+                rec = mine if waiting(obj) else confirmed(mine, rec)
+            elif (old := before.get(rec.key)) is not None and old.uid == rec.uid and old.node == rec.node:
+                rec = kept(old, rec)
+            records.append(rec)
+        records.extend(assumed.values())  # not in the list (it may predate them): kept until their deadline
+        for rec in sorted(records, key=lambda r: r.placement is None and r.recorded is None):
+            self._add(rec)
+        self.seen &= {r.uid for r in self.pods.values()}  # pods deleted while the watch was down
+        self.pods_synced = True
+
+    def apply_pod(self, event: str, obj: dict[str, Any]) -> None:
+        key, uid = pod_key(obj), pod_uid(obj)
+        if (asked := self.asked.get(key)) is not None and asked.uid == uid:
+            del self.asked[key]  # the watch has it now
+        old = self.pods.get(key)
+        if event == "DELETED":
+            if old is not None and (old.uid == uid or not uid):  # not a newer pod of the same name
+                self._drop(old)
+                self.seen.discard(old.uid)
+            return
+        rec = pod_record(obj)
+        if old is not None and old.uid == uid:
+            if old.assumed:
+                if waiting(obj):
+                    return  # still pending: our Binding is in flight or the watch lags, the assumption stands
+                if rec.node == old.node:
+                    rec = confirmed(old, rec)
+            elif old.node == rec.node:
+                rec = kept(old, rec)
+                if rec == old:
+                    return  # a status update: nothing decisions read changed
+        if old is not None:
+            self._drop(old)
+            if old.uid != uid:
+                self.seen.discard(old.uid)
+        self._add(rec)
+
+    # ----- the writer's internals -----
+    def _touch(self, name: str) -> None:
+        if name in self.nodes:
+            self._last_generation += 1
+            self.generation[name] = self._last_generation
+            self._dirty.add(name)
+
+    def _add(self, rec: PodRecord) -> None:
+        rec = self._place(rec)
+        self.pods[rec.key] = rec
+        if rec.node:
+            self.on_node.setdefault(rec.node, {})[rec.key] = rec
+        if rec.assumed:
+            self.assumed.add(rec.key)
+
+    def _drop(self, rec: PodRecord) -> None:
+        self._unplace(rec)
+        self.pods.pop(rec.key, None)
+        on = self.on_node.get(rec.node)
+        if on is not None:
+            on.pop(rec.key, None)
+            if not on:
+                del self.on_node[rec.node]
+        self.assumed.discard(rec.key)
+
+    def _swap(self, old: PodRecord, new: PodRecord) -> None:
+        """Replace a record by one that holds the same node and GPUs."""
+        self.pods[new.key] = new
+        if new.node:
+            self.on_node[new.node][new.key] = new
+        if new.assumed:
+            self.assumed.add(new.key)
+        else:
+            self.assumed.discard(new.key)
+        self._touch(new.node)
+
+    def _place(self, rec: PodRecord, refit: bool = False) -> PodRecord:
+        """Count ``rec`` on its node (when known); the record with the GPUs it holds there: its own
+        (``refit``: re-read for the node's inventory, same GPUs), else its annotation's, else predicted."""
+        ns = self.nodes.get(rec.node) if rec.node else None
+        if ns is None:
+            return rec
+        d = rec.demand
+        placement = rec.placement
+        if d.gpu:
+            if rec.uid:
+                self.observe(rec.uid, shape_of(d, ns.inventory.offering(d.resource)))
+            if placement is None or refit:
+                placement = where(ns, d, holds(placement) if placement is not None else rec.recorded)
+            if placement is not None:
+                ns.gpus.place(rec.key, placement)
+                ns.units_used[d.resource] = ns.units_used.get(d.resource, 0) + d.units
+        ns.cpu_used += d.cpu_milli
+        ns.mem_used_mib += d.memory_mib
+        self._touch(rec.node)
+        return rec if placement == rec.placement else replace(rec, placement=placement)
+
+    def _unplace(self, rec: PodRecord) -> None:
+        ns = self.nodes.get(rec.node) if rec.node else None
+        if ns is None:
+            return
+        if ns.gpus.release(rec.key) is not None:
+            ns.units_used[rec.demand.resource] = ns.units_used.get(rec.demand.resource, 0) - rec.demand.units
+        ns.cpu_used -= rec.demand.cpu_milli
+        ns.mem_used_mib -= rec.demand.memory_mib
+        self._touch(rec.node)

@@ -1,0 +1,120 @@
+"""What one request decides on: the nodes as of the last change, read-only, and the verdicts kept per ask.
+
+kube-scheduler takes one snapshot of its cache per scheduling cycle, updated only for the nodes
+whose generation moved, and its plugins never read the live maps. The extender does the same per
+request: ``Cache.snapshot()`` clones the nodes that changed since the last request into ``NodeInfo``
+entries and writes their fleet rows, then the verbs read only the ``Snapshot``. A snapshot stays as
+it is until the next ``snapshot()`` call (one per request; requests are answered one at a time, and
+nothing awaits between taking it and answering).
+
+Fit verdicts are kept per ask (a pod's demand without its name) and node, stamped with the node's
+generation: every change to a node (its object, a pod placed or removed) gives it a new generation,
+so a kept verdict is reused only while the node is exactly as it was. kube-scheduler asks prioritize
+right after filter about the same pod, and the replicas of a Job or Deployment arrive one after
+another with the same ask; between two of them only the nodes that changed are checked again. The
+part of a verdict that depends on the inventory alone is kept per ask and node *kind* (same health,
+product and offerings, as the nodes of one pool are): a first ask works it out once per pool.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from gpu_tailor.extender.records import PodRecord
+from gpu_tailor.gpumodel.fleet import Fleet
+from gpu_tailor.gpumodel.inventory import Offering
+from gpu_tailor.gpumodel.policies import TailorPolicy
+from gpu_tailor.gpumodel.schedule import Demand, Fit, NodeState, fit, inventory_verdict
+
+KEPT_ASKS = 64  # distinct asks whose per-node verdicts are kept (least recently asked dropped first)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One node as a snapshot holds it: a private copy of its state, never changed after it is taken.
+
+    ``generation`` is new after every change to the node; ``kind`` groups nodes whose inventory verdicts
+    agree; ``pods`` are the records of the pods counted there (bound, or assumed at bind), by
+    namespace/name.
+    """
+
+    state: NodeState
+    generation: int
+    kind: int
+    pods: Mapping[str, PodRecord]
+
+
+@dataclass
+class Kept:
+    """What is kept for one ask: verdicts per node (generation, verdict), inventory verdicts per kind."""
+
+    by_node: dict[str, tuple[int, Fit]] = field(default_factory=dict)
+    by_kind: dict[int, Fit | Offering] = field(default_factory=dict)
+
+
+class Verdicts:
+    """``fit(node, demand, place=False)`` per ask and node, kept while the node's generation stands."""
+
+    def __init__(self) -> None:
+        self.asks: OrderedDict[Demand, Kept] = OrderedDict()
+
+    def clear(self) -> None:
+        self.asks.clear()
+
+    def drop(self, node: str) -> None:
+        """Forget a node that is gone."""
+        for kept in self.asks.values():
+            kept.by_node.pop(node, None)
+
+    def fits(self, nodes: Mapping[str, NodeInfo], names: list[str], demand: Demand) -> list[Fit]:
+        ask = replace(demand, key="")
+        kept = self.asks.get(ask)
+        if kept is None:
+            kept = self.asks[ask] = Kept()
+            if len(self.asks) > KEPT_ASKS:
+                self.asks.popitem(last=False)
+        else:
+            self.asks.move_to_end(ask)
+        out = []
+        for name in names:
+            info = nodes.get(name)
+            if info is None:
+                out.append(Fit(False, "node not known to gpu-tailor yet (watch catching up)"))
+                continue
+            settled = kept.by_kind.get(info.kind)
+            if settled is None:
+                settled = kept.by_kind[info.kind] = inventory_verdict(info.state.inventory, demand)
+            if isinstance(settled, Fit):  # the inventory settles it, whatever runs there
+                out.append(settled)
+                continue
+            hit = kept.by_node.get(name)
+            if hit is not None and hit[0] == info.generation:
+                out.append(hit[1])
+                continue
+            verdict = fit(info.state, demand, place=False, settled=settled)
+            kept.by_node[name] = (info.generation, verdict)
+            out.append(verdict)
+        return out
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The read side of the cache for one request.
+
+    ``fleet`` holds a row per node of ``nodes`` with the same numbers (written when the snapshot was
+    taken), and ``policy`` scores those rows with the pod mix learnt so far. ``verdicts`` only keeps
+    answers of pure functions: reading through it changes no decision.
+    """
+
+    nodes: Mapping[str, NodeInfo]
+    fleet: Fleet
+    policy: TailorPolicy
+    degraded: frozenset[str]
+    verdicts: Verdicts
+    ready: bool
+
+    def fits(self, names: list[str], demand: Demand) -> list[Fit]:
+        """``fit(node, demand, place=False)`` per node name, kept while a node is unchanged."""
+        return self.verdicts.fits(self.nodes, names, demand)
