@@ -313,8 +313,9 @@ class Cache:
         if d.gpu:
             if rec.uid:
                 self.observe(rec.uid, shape_of(d, ns.inventory.offering(d.resource)))
-            if placement is None or refit:
-                placement = where(ns, d, holds(placement) if placement is not None else rec.recorded)
+            if placement is None or refit:  # units held on no known GPU are placed afresh
+                known = placement is not None and not placement.unplaced
+                placement = where(ns, d, holds(placement) if known else rec.recorded)
             if placement is not None:
                 ns.gpus.place(rec.key, placement)
                 ns.units_used[d.resource] = ns.units_used.get(d.resource, 0) + d.units

@@ -248,8 +248,10 @@ class BindPlan:
 
     @property
     def gpus(self) -> str | None:
-        """The ``gpu-tailor.io/gpus`` annotation to write."""
-        return format_gpu_annotation(self.placement.gpus) if self.placement is not None else None
+        """The ``gpu-tailor.io/gpus`` annotation to write; None when no GPU of it is known (a MIG layout
+        that cannot be told: the units are counted, not placed)."""
+        known = self.placement.gpus if self.placement is not None else ()
+        return format_gpu_annotation(known) if known else None
 
 
 def plan_bind(snap: Snapshot, rec: PodRecord, node: str) -> BindPlan:

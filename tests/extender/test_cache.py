@@ -18,6 +18,7 @@ from gpu_tailor.extender import verbs
 from gpu_tailor.extender.cache import ASSUMED_TTL, Cache
 from gpu_tailor.extender.records import PodRecord
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.occupancy import Placement
 from tests.conftest import node_fixture
 from tests.extender.builders import NODE_NAMES, RecordingBinder, args, cluster, gpu_pod, pod_of
 
@@ -284,3 +285,13 @@ def test_records_are_small_and_hold_no_pod_object() -> None:
         assert not any(isinstance(getattr(rec, f.name), dict) for f in fields(PodRecord))
         size = sys.getsizeof(rec) + sys.getsizeof(rec.demand) + sys.getsizeof(rec.placement)
         assert size < 400, size
+
+
+@pytest.mark.parametrize(("placement", "annotation"), [
+    pytest.param(None, None, id="no-gpus"),
+    pytest.param(Placement((0, 1, 2, 3)), "0,1,2,3", id="whole-gpus"),
+    pytest.param(Placement((1, 0, 0), whole=False, replicas=1), "0,0,1", id="replicas"),
+    pytest.param(Placement((), whole=False, mig_profile="1g.5gb", unplaced=2), None, id="mig-units-not-placed"),
+])
+def test_bind_annotates_the_gpus_it_knows(placement: Placement | None, annotation: str | None) -> None:
+    assert verbs.BindPlan(placement).gpus == annotation
