@@ -1,8 +1,9 @@
 """The webhook and the extender agree on native asks: a pod the webhook admits is one the extender can
 place on some node that sells its resource, and a pod it denies is one no node would take.
 
-Both ask ``gpumodel.inventory.units_refusal``; this checks the two ends on the fixture nodes (an empty
-cluster), on the real ExtenderArgs and AdmissionReview payloads with the NVIDIA resource swapped.
+Both ask the offering's device (``gpumodel.devices``, ``Device.units_refusal``); this checks the two ends
+on the fixture nodes (an empty cluster), on the real ExtenderArgs and AdmissionReview payloads with the
+NVIDIA resource swapped. ``test_mig_follows_device_plugin`` does the same on a MIG node as it fills up.
 """
 
 from __future__ import annotations

@@ -151,8 +151,8 @@ def inventory_verdict(inv: NodeInventory, demand: Demand) -> Fit | Offering:
 def fit(node: NodeState, demand: Demand, place: bool = True, settled: Fit | Offering | None = None) -> Fit:
     """Whether ``demand`` fits ``node`` now; the GPUs it would get; or a reason for people.
 
-    ``place=False`` answers only whether (and why not): whole GPUs are then not chosen (``placement``
-    is None), which saves the device plugin's set search on every candidate of a filter call.
+    ``place=False`` answers only whether (and why not): units are then not placed (``placement`` is
+    None, but for an NVLink set of whole GPUs), which saves the search on every candidate of a filter call.
     ``settled`` is ``inventory_verdict(node.inventory, demand)`` when the caller has it already.
     """
     verdict = inventory_verdict(node.inventory, demand) if settled is None else settled
