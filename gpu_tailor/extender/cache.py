@@ -44,7 +44,7 @@ from gpu_tailor.gpumodel.fleet import Fleet, Shape
 from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, from_node
 from gpu_tailor.gpumodel.occupancy import Placement
 from gpu_tailor.gpumodel.policies import TailorPolicy
-from gpu_tailor.gpumodel.schedule import NodeState, node_state, pod_key, shape_of
+from gpu_tailor.gpumodel.schedule import NodeState, fleet_row, node_state, pod_key, shape_of
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Cache:
             self._degraded.discard(name)
             self.verdicts.drop(name)
             return
-        copy = replace(ns, gpus=ns.gpus.copy(), units_used=dict(ns.units_used))
+        copy = ns.copy()
         pods = dict(self.on_node.get(name, {}))
         self._view[name] = NodeInfo(copy, self.generation[name], self.kind_of[name], pods)
         inv = ns.inventory
@@ -106,10 +106,9 @@ class Cache:
             self._degraded.add(name)
         else:
             self._degraded.discard(name)
-        gpus = copy.gpus
-        free = [s.free_milli if i < gpus.usable else 0 for i, s in enumerate(gpus.slots)]
-        self.fleet.upsert(name, inv.cpu_milli - copy.cpu_used, inv.memory_bytes // 2**20 - copy.mem_used_mib, free,
-                          inv.model, gpus.topology, cpu_capacity=inv.cpu_milli)
+        row = fleet_row(copy)
+        self.fleet.upsert(name, row.cpu_free, row.mem_free_mib, row.gpu_free, row.model, row.topology,
+                          cpu_capacity=row.cpu_capacity)
         if inv.unschedulable:
             self.fleet.remove(name)
 

@@ -9,7 +9,7 @@ into a ``Demand`` and a ``Shape`` the fleet understands.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
@@ -20,7 +20,7 @@ from gpu_tailor.gpumodel.fleet import Shape
 from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, Offering, UnitsRefusal
 from gpu_tailor.gpumodel.occupancy import NodeGpus, Placement, parse_gpu_annotation
 from gpu_tailor.gpumodel.quantity import parse_quantity
-from gpu_tailor.gpumodel.topology import infer
+from gpu_tailor.gpumodel.topology import GpuTopology, infer
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +92,33 @@ class NodeState:
     @property
     def name(self) -> str:
         return self.inventory.name
+
+    def copy(self) -> NodeState:
+        """An independent copy (a snapshot's): the occupancy and the unit counts are not shared."""
+        return replace(self, gpus=self.gpus.copy(), units_used=dict(self.units_used))
+
+
+@dataclass(frozen=True, slots=True)
+class FleetRow:
+    """A node as the placement fleet sees it (``Fleet.upsert``'s arguments): what kube-scheduler's
+    NodeResourcesFit leaves free of CPU and memory, and the free milli of each GPU (0 for GPUs a
+    degraded node does not sell)."""
+
+    cpu_free: int
+    mem_free_mib: int
+    gpu_free: tuple[int, ...]
+    model: str
+    topology: GpuTopology
+    cpu_capacity: int
+
+
+def fleet_row(node: NodeState) -> FleetRow:
+    """The one conversion from the extender's node to the fleet's row, for the extender's scoring and
+    for the check that the fleet (the simulator's model) agrees with ``fit``."""
+    inv, gpus = node.inventory, node.gpus
+    free = tuple(s.free_milli if i < gpus.usable else 0 for i, s in enumerate(gpus.slots))
+    return FleetRow(inv.cpu_milli - node.cpu_used, inv.memory_bytes // 2**20 - node.mem_used_mib, free, inv.model,
+                    gpus.topology, inv.cpu_milli)
 
 
 def node_state(inv: NodeInventory) -> NodeState:
