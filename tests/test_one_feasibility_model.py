@@ -126,9 +126,9 @@ def test_extender_and_simulator_agree_on_verdict_and_gpus(data: st.DataObject) -
         state = cache.snapshot().nodes[NODE].state
         demand = demand_of(pod)
         placed = fit(state, demand)
-        row = fleet_row(state)
-        if not placed.ok or placed.placement is None or demand.cpu_milli > row.cpu_free \
-                or demand.memory_mib > row.mem_free_mib:
+        books = fleet_row(state)
+        if not placed.ok or placed.placement is None or demand.cpu_milli > books.cpu_free \
+                or demand.memory_mib > books.mem_free_mib:
             continue
         pod["metadata"]["annotations"][labels.ANN_GPUS] = format_gpu_annotation(placed.placement.gpus)
         pod["spec"]["nodeName"] = NODE
