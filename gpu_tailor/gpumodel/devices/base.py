@@ -236,6 +236,14 @@ class Device(ABC):
         return None
 
     # --- counting and placing ----------------------------------------------------------------------
+    @staticmethod
+    def count_refusal(offering: Offering, used: int, units: int) -> Fit | None:
+        """Kubernetes counts units per node: too few left of ``offering`` is a refusal, else None."""
+        left = offering.allocatable - used
+        if left < units:
+            return Fit(False, f"{offering.label}: {max(0, left)} of {offering.allocatable} free")
+        return None
+
     def units_refusal(self, resource: str, units: int, sharing: Sharing,
                       fails_more_than_one: bool = False) -> UnitsRefusal | None:
         """Whether ``units`` of ``resource`` asked by one container can run where it is sold this way.

@@ -171,9 +171,9 @@ class MigInstances(Device):
     # --- counting and placing ----------------------------------------------------------------------
     def fit(self, offering: Offering, gpus: NodeGpus, used: int, units: int, nvlink: bool = False,
             place: bool = True) -> Fit:
-        left = offering.allocatable - used
-        if left < units:
-            return Fit(False, f"{offering.label}: {max(0, left)} of {offering.allocatable} free")
+        refused = self.count_refusal(offering, used, units)
+        if refused is not None:
+            return refused
         return Fit(True, placement=self.place(offering, gpus, units) if place else None)
 
     def place(self, offering: Offering, gpus: NodeGpus, units: int) -> Placement:

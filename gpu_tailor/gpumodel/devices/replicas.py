@@ -77,9 +77,9 @@ class Replicas(Device):
 
     def fit(self, offering: Offering, gpus: NodeGpus, used: int, units: int, nvlink: bool = False,
             place: bool = True) -> Fit:
-        left = offering.allocatable - used
-        if left < units:
-            return Fit(False, f"{offering.label}: {max(0, left)} of {offering.allocatable} free")
+        refused = self.count_refusal(offering, used, units)
+        if refused is not None:
+            return refused
         where = gpus.predict_units(units, int(offering.fraction * FULL))
         if len(where) < units:  # the count allows it, the per-GPU picture does not
             if units == 1:
