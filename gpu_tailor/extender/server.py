@@ -189,8 +189,10 @@ def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT
 
 
 class ApiBinder:
-    """Records the GPUs in the pod annotation, then POSTs the Binding; raises ``ApiRefused`` when the
-    API server says no to either."""
+    """Binds with one call: a Binding whose annotations carry the GPUs chosen (the API server writes
+    a Binding's annotations onto the pod in the same update that sets its node, so the record and the
+    binding cannot part), with the pod's uid as a precondition (a pod recreated under the same name
+    is not bound). Raises ``ApiRefused`` when the API server says no."""
 
     def __init__(self, api: Any) -> None:
         from kubernetes_asyncio import client
@@ -200,16 +202,9 @@ class ApiBinder:
 
     async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None) -> None:
         c = self.client
-        if gpus is not None:
-            meta: dict[str, Any] = {"annotations": {labels.ANN_GPUS: gpus}}
-            if uid:
-                meta["uid"] = uid  # a precondition: a pod recreated under this name is not annotated
-            try:
-                await self.core.patch_namespaced_pod(name, namespace, {"metadata": meta})
-            except c.ApiException as exc:
-                raise ApiRefused("annotating the pod", int(exc.status or 0),
-                                 status_message(exc.body, str(exc.reason))) from exc
-        binding = c.V1Binding(metadata=c.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None),
+        annotations = {labels.ANN_GPUS: gpus} if gpus is not None else None
+        binding = c.V1Binding(metadata=c.V1ObjectMeta(name=name, namespace=namespace, uid=uid or None,
+                                                      annotations=annotations),
                               target=c.V1ObjectReference(kind="Node", name=node, api_version="v1"))
         # The API server answers a Binding with a Status, which the client cannot read as a V1Binding, so
         # the answer is taken raw -- and a raw answer never raises: its status is checked here.

@@ -364,14 +364,17 @@ async def test_watch_shows_the_pod_bound_elsewhere_and_the_assumption_goes(clien
     assert not state.pods["gpu-jobs/train-gpu4"].assumed
 
 
-async def test_api_binder_patches_the_annotation_then_posts_the_binding() -> None:
+async def test_api_binder_binds_with_one_call_that_carries_the_gpus() -> None:
     async with FakeApi() as api, api.api_client() as http:
         await ApiBinder(http).bind("gpu-jobs", "train-gpu4", "u-1", "h100-hgx-0", "0,1,2,3")
-    # the uid in the patch is a precondition: a pod recreated under the same name is not annotated
-    assert api.patches == [("gpu-jobs", "train-gpu4",
-                            {"metadata": {"uid": "u-1", "annotations": {labels.ANN_GPUS: "0,1,2,3"}}})]
-    assert api.bindings[0]["target"] == {"apiVersion": "v1", "kind": "Node", "name": "h100-hgx-0"}
-    assert api.bindings[0]["metadata"]["name"] == "train-gpu4"
+        await ApiBinder(http).bind("gpu-jobs", "cpu-only", "u-2", "cpu-node-0", None)
+    # one request per pod: the API server writes the Binding's annotations onto the pod as it binds it,
+    # and the uid is a precondition (a pod recreated under the same name is not bound)
+    assert api.patches == []
+    assert api.bindings[0] == {"metadata": {"name": "train-gpu4", "namespace": "gpu-jobs", "uid": "u-1",
+                                            "annotations": {labels.ANN_GPUS: "0,1,2,3"}},
+                               "target": {"apiVersion": "v1", "kind": "Node", "name": "h100-hgx-0"}}
+    assert "annotations" not in api.bindings[1]["metadata"]
 
 
 @pytest.mark.parametrize("status", [404, 409, 500])
@@ -387,29 +390,15 @@ async def test_api_binder_raises_when_the_binding_is_refused(status: int) -> Non
                                   else f"Binding answered {status}: conflict")
 
 
-async def test_api_binder_raises_when_the_pod_is_gone_before_the_annotation() -> None:
-    async with FakeApi() as api, api.api_client() as http:
-        api.patch_status = 404
-        with pytest.raises(ApiRefused) as refused:
-            await ApiBinder(http).bind("gpu-jobs", "train-gpu4", "u-1", "h100-hgx-0", "0,1,2,3")
-    assert str(refused.value) == 'annotating the pod answered 404: pods "train-gpu4" not found'
-    assert api.bindings == []  # nothing is bound after a failed annotation
-
-
-@pytest.mark.parametrize("refused", ["patch", "binding"])
-async def test_a_pod_deleted_mid_bind_is_an_error_and_its_gpus_are_free(client_for: Any, refused: str) -> None:
+async def test_a_pod_deleted_mid_bind_is_an_error_and_its_gpus_are_free(client_for: Any) -> None:
     """kube-scheduler keeps a pod it was told is bound in its cache until the API shows it gone -- which a
     deleted pod never does: a refused Binding answered as done leaves its GPUs taken for good."""
     state = cluster()
     async with FakeApi() as api, api.api_client() as http:
-        if refused == "patch":
-            api.patch_status = 404
-        else:
-            api.binding_status = 404
+        api.binding_status = 404
         client = await client_for(state, ApiBinder(http))
         out = await (await client.post("/bind", json=args("bind-pod-gpu4"))).json()
-    what = "annotating the pod" if refused == "patch" else "Binding"
-    assert out == {"Error": f"binding gpu-jobs/train-gpu4 to h100-hgx-0 failed: {what} answered 404: "
+    assert out == {"Error": 'binding gpu-jobs/train-gpu4 to h100-hgx-0 failed: Binding answered 404: '
                             'pods "train-gpu4" not found'}
     assert state.nodes["h100-hgx-0"].gpus.free_whole() == list(range(8))
     assert not state.pods["gpu-jobs/train-gpu4"].assumed

@@ -152,7 +152,7 @@ def test_rbac_grants_the_extender_exactly_what_it_calls() -> None:
     roles = {d["metadata"]["name"]: d for d in docs("rbac.yaml") if d["kind"] == "ClusterRole"}
     rules = {(tuple(r["resources"]), tuple(r["verbs"])) for r in roles["gpu-tailor-extender"]["rules"]}
     assert (("nodes",), ("get", "list", "watch")) in rules
-    assert (("pods",), ("get", "list", "watch", "patch")) in rules
+    assert (("pods",), ("get", "list", "watch")) in rules  # no patch: one-call bind
     assert (("pods/binding", "bindings"), ("create",)) in rules
 
 
