@@ -59,6 +59,9 @@ async def serve(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # no access log: kube-scheduler calls filter, prioritize and bind for every pod, and writing three
+    # lines per pod cost more CPU than filter itself (py-spy during schedbench); /metrics counts them
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
         asyncio.run(serve(args))
     except (ValueError, OSError) as exc:

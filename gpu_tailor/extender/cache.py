@@ -44,7 +44,7 @@ from gpu_tailor.gpumodel.fleet import Fleet, Shape
 from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, from_node
 from gpu_tailor.gpumodel.occupancy import Placement
 from gpu_tailor.gpumodel.policies import TailorPolicy
-from gpu_tailor.gpumodel.schedule import NodeState, fleet_row, node_state, pod_key, shape_of
+from gpu_tailor.gpumodel.schedule import Demand, NodeState, fleet_row, node_state, pod_key, shape_of
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +119,14 @@ class Cache:
             self.seen.add(uid)
             self.policy.observe(shape)
 
-    def remember(self, pod: dict[str, Any]) -> None:
-        """Keep a pod filter or prioritize was asked about, for a bind that comes before the watch's news."""
+    def remember(self, pod: dict[str, Any], demand: Demand | None = None) -> None:
+        """Keep a pod filter or prioritize was asked about, for a bind that comes before the watch's news
+        (``demand``: the pod's, when the request has read it already)."""
         key, uid = pod_key(pod), pod_uid(pod)
         known = self.pods.get(key)
         if known is not None and known.uid == uid:
             return  # the watch has it
-        self.asked[key] = pod_record(pod)
+        self.asked[key] = pod_record(pod, demand)
         self.asked.move_to_end(key)
         if len(self.asked) > KEPT_PENDING:
             self.asked.popitem(last=False)

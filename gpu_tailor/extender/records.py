@@ -57,13 +57,14 @@ def waiting(pod: dict[str, Any]) -> bool:
     return not (pod.get("spec") or {}).get("nodeName") and _active(pod)
 
 
-def pod_record(pod: dict[str, Any]) -> PodRecord:
-    """A pod object as a record (not placed: the cache places it on its node)."""
+def pod_record(pod: dict[str, Any], demand: Demand | None = None) -> PodRecord:
+    """A pod object as a record (not placed: the cache places it on its node); ``demand``: the pod's,
+    when the caller has read it already."""
     node = sys.intern(str((pod.get("spec") or {}).get("nodeName") or "")) if _active(pod) else ""  # one per node
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     raw = annotations.get(labels.ANN_GPUS)
     recorded = parse_gpu_annotation(str(raw)) if raw is not None else None
-    return PodRecord(pod_uid(pod), node, demand_of(pod), recorded=recorded)
+    return PodRecord(pod_uid(pod), node, demand or demand_of(pod), recorded=recorded)
 
 
 def live(rec: PodRecord, now: float) -> bool:

@@ -77,25 +77,26 @@ class Verdicts:
                 self.asks.popitem(last=False)
         else:
             self.asks.move_to_end(ask)
-        out = []
+        out: list[Fit] = []
+        append, by_kind, by_node = out.append, kept.by_kind, kept.by_node  # a loop over every candidate
         for name in names:
             info = nodes.get(name)
             if info is None:
-                out.append(Fit(False, "node not known to gpu-tailor yet (watch catching up)"))
+                append(Fit(False, "node not known to gpu-tailor yet (watch catching up)"))
                 continue
-            settled = kept.by_kind.get(info.kind)
-            if settled is None:
-                settled = kept.by_kind[info.kind] = inventory_verdict(info.state.inventory, demand)
-            if isinstance(settled, Fit):  # the inventory settles it, whatever runs there
-                out.append(settled)
-                continue
-            hit = kept.by_node.get(name)
+            hit = by_node.get(name)  # kept: nothing has changed on the node since it was asked
             if hit is not None and hit[0] == info.generation:
-                out.append(hit[1])
+                append(hit[1])
+                continue
+            settled = by_kind.get(info.kind)
+            if settled is None:
+                settled = by_kind[info.kind] = inventory_verdict(info.state.inventory, demand)
+            if isinstance(settled, Fit):  # the inventory settles it, whatever runs there
+                append(settled)
                 continue
             verdict = fit(info.state, demand, place=False, settled=settled)
-            kept.by_node[name] = (info.generation, verdict)
-            out.append(verdict)
+            by_node[name] = (info.generation, verdict)
+            append(verdict)
         return out
 
 

@@ -58,13 +58,31 @@ def _node_names(body: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, An
     raise WireError("expected 'NodeNames' (nodeCacheCapable) or 'Nodes' with 'items'")
 
 
-def filter_nodes(snap: Snapshot, body: Any) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class ExtenderArgs:
+    """ExtenderArgs read once per request: the Pod, the candidates (and their objects when the
+    scheduler sent a NodeList) and the pod's demand, which filter, prioritize and the cache share."""
+
+    pod: dict[str, Any]
+    names: list[str]
+    objs: dict[str, dict[str, Any]] | None
+    demand: Demand
+
+
+def extender_args(body: Any) -> ExtenderArgs:
+    if isinstance(body, ExtenderArgs):
+        return body
     pod = pod_of(body)
     names, objs = _node_names(body)
+    return ExtenderArgs(pod, names, objs, demand_of(pod))
+
+
+def filter_nodes(snap: Snapshot, body: Any) -> dict[str, Any]:
+    args = extender_args(body)
+    names, objs, demand = args.names, args.objs, args.demand
     if not snap.ready:
         return {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
                 "Error": "gpu-tailor extender is not synced with the API server yet"}
-    demand = demand_of(pod)
     passed: list[str] = []
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
@@ -86,9 +104,16 @@ def filter_nodes(snap: Snapshot, body: Any) -> dict[str, Any]:
     return out
 
 
-def _scored(snap: Snapshot, names: list[str]) -> list[str]:
-    """The candidates the fleet has a row for."""
-    return [n for n in names if n in snap.nodes and n in snap.fleet.index]
+def _scored(snap: Snapshot, names: list[str]) -> tuple[list[str], list[int]]:
+    """The candidates the fleet has a row for, and their rows."""
+    nodes, index = snap.nodes, snap.fleet.index
+    known, rows = [], []
+    for n in names:
+        row = index.get(n)
+        if row is not None and n in nodes:
+            known.append(n)
+            rows.append(row)
+    return known, rows
 
 
 def _shape(snap: Snapshot, demand: Demand, known: list[str]) -> Shape:
@@ -103,22 +128,20 @@ def _shape(snap: Snapshot, demand: Demand, known: list[str]) -> Shape:
 def shape_asked(snap: Snapshot, body: Any) -> tuple[str, Shape] | None:
     """The uid and shape of the pod prioritize is asked to score (what the policy learns its mix from);
     None when prioritize would not score it."""
-    pod = pod_of(body)
-    names, _ = _node_names(body)
-    if not snap.ready or not names:
+    args = extender_args(body)
+    if not snap.ready or not args.names:
         return None
-    return _uid(pod), _shape(snap, demand_of(pod), _scored(snap, names))
+    return _uid(args.pod), _shape(snap, args.demand, _scored(snap, args.names)[0])
 
 
 def prioritize(snap: Snapshot, body: Any) -> list[dict[str, Any]]:
-    pod = pod_of(body)
-    names, _ = _node_names(body)
+    args = extender_args(body)
+    names, demand = args.names, args.demand
     if not snap.ready or not names:
         return [{"Host": n, "Score": 0} for n in names]
-    demand = demand_of(pod)
-    known = _scored(snap, names)
+    known, at = _scored(snap, names)
     shape = _shape(snap, demand, known)
-    rows = np.array([snap.fleet.index[n] for n in known], np.int64)
+    rows = np.array(at, np.int64)
     scores, _ = snap.policy.node_scores(shape, rows) if len(rows) else (np.zeros(0), None)
     by_name = {n: s for n, s in zip(known, scores.tolist(), strict=True) if s == s}  # NaN: does not fit
     if demand.gpu:  # the fleet model is coarse for MIG/replicas: a node must also pass fit()

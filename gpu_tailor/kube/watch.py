@@ -10,8 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import watch
@@ -91,6 +94,17 @@ async def _watch_once(list_fn: ListFn, rv: str, on_event: Callable[[str, dict[st
     return rv
 
 
+def _nothing_to_trust() -> bool:
+    """No proxy variable set and no netrc file: what aiohttp's ``trust_env`` reads is absent."""
+    if urllib.request.getproxies():
+        return False
+    try:
+        netrc = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    except RuntimeError:  # no home directory to look in
+        return True
+    return not netrc.exists()
+
+
 @asynccontextmanager
 async def watching(kubeconfig: str | None, in_cluster: bool,
                    watches: Callable[[Any], list[Coroutine[Any, Any, None]]]) -> AsyncIterator[Any]:
@@ -103,6 +117,12 @@ async def watching(kubeconfig: str | None, in_cluster: bool,
     else:
         await config.load_kube_config(config_file=kubeconfig)
     api = client.ApiClient()
+    if _nothing_to_trust():
+        # kubernetes-asyncio opens its session with trust_env=True, and aiohttp then looks for a proxy
+        # and a ~/.netrc entry on every request, in a thread of the default executor: a thread hop
+        # and a file stat per Binding (py-spy during schedbench). With no proxy variable and no
+        # netrc file there is nothing to find, so the session is told not to look.
+        api.rest_client.pool_manager._trust_env = False
     tasks = [asyncio.create_task(w) for w in watches(api)]
     try:
         yield api
