@@ -1,0 +1,140 @@
+"""CPU per pod of the extender's HTTP path against a no-op extender's, in one process, as schedbench loads it.
+
+schedbench (``../shared/schedbench/run.sh``) measures what the extender costs a real kube-scheduler
+on 2 cores, where every millisecond of the extender's CPU is taken from the API server and the
+scheduler, but its pods/s vary by 10% between runs. This replays its load without them, so that a
+change of a few hundred microseconds per pod shows: 1,000 nodes like schedbench's fake 8xH100 ones,
+then per pod what the extender sees of it -- the watch's ADDED event, filter on 420 candidates (a
+sliding window, as kube-scheduler's search is), prioritize on those that passed, bind to the best,
+the watch's MODIFIED event with the pod bound -- over real HTTP (aiohttp's test server and client,
+the same event loop). The same requests go to a no-op app (schedbench's B: echo the names, score 0).
+Prints the process CPU per pod of each, and the difference: what the extender adds per pod over
+doing nothing (the client's share is in both).
+
+    python benchmarks/extender_cpu.py [--nodes 1000] [--pods 2000] [--candidates 420]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+from aiohttp import ClientSession, web
+from aiohttp.test_utils import TestServer
+
+from gpu_tailor.extender.cache import Cache
+from gpu_tailor.extender.server import make_app
+
+
+def node(name: str) -> dict[str, Any]:
+    res = {"cpu": "96", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": "8"}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {
+                "kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "8",
+                "nvidia.com/gpu.memory": "81559", "nvidia.com/gpu.family": "hopper"}},
+            "status": {"capacity": res, "allocatable": res,
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def pod(i: int, rv: int, node_name: str = "", gpus: str | None = None) -> dict[str, Any]:
+    res = {"nvidia.com/gpu": "1", "cpu": "100m"}
+    meta: dict[str, Any] = {"name": f"p{i}", "namespace": "bench", "uid": str(uuid.UUID(int=i + 1)),
+                            "resourceVersion": str(rv), "labels": {"app": "schedbench"}}
+    if gpus is not None:
+        meta["annotations"] = {"gpu-tailor.io/gpus": gpus}
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "registry.invalid/none:latest",
+                                            "resources": {"requests": res, "limits": res}}],
+                            "schedulerName": "default-scheduler"}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
+            "status": {"phase": "Pending"}}
+
+
+class Binder:
+    """Takes every Binding, remembers the GPUs (what the API server would write on the pod)."""
+
+    def __init__(self) -> None:
+        self.gpus: dict[str, str | None] = {}
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None) -> None:
+        self.gpus[name] = gpus
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+
+def noop_app() -> web.Application:
+    async def filter_(request: web.Request) -> web.Response:
+        args = json.loads(await request.read())
+        return web.json_response({"NodeNames": args["NodeNames"], "FailedNodes": {}, "Error": ""})
+
+    async def prioritize(request: web.Request) -> web.Response:
+        args = json.loads(await request.read())
+        return web.json_response([{"Host": n, "Score": 0} for n in args["NodeNames"]])
+
+    app = web.Application()
+    app.router.add_post("/filter", filter_)
+    app.router.add_post("/prioritize", prioritize)
+    return app
+
+
+async def replay(app: web.Application, cache: Cache | None, binder: Binder | None, args: argparse.Namespace,
+                 names: list[str]) -> float:
+    """CPU seconds per pod for the whole replay against ``app``."""
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        async with ClientSession() as http:
+            url = str(server.make_url("")).rstrip("/")
+            start = time.process_time()
+            for i in range(args.pods):
+                first = (i * args.candidates) % len(names)
+                window = (names + names)[first:first + args.candidates]
+                if cache is not None:
+                    cache.apply_pod("ADDED", json.loads(json.dumps(pod(i, 2 * i))))
+                body = {"Pod": pod(i, 2 * i), "NodeNames": window}
+                async with http.post(f"{url}/filter", json=body) as r:
+                    passed = (await r.json())["NodeNames"]
+                body["NodeNames"] = passed
+                async with http.post(f"{url}/prioritize", json=body) as r:
+                    scores = await r.json()
+                if binder is None or cache is None:
+                    continue
+                best = max(scores, key=lambda s: s["Score"])["Host"]
+                bind = {"PodName": f"p{i}", "PodNamespace": "bench", "PodUID": str(uuid.UUID(int=i + 1)),
+                        "Node": best}
+                async with http.post(f"{url}/bind", json=bind) as r:
+                    assert (await r.json())["Error"] == ""
+                bound = pod(i, 2 * i + 1, best, binder.gpus[f"p{i}"])
+                cache.apply_pod("MODIFIED", json.loads(json.dumps(bound)))
+            return (time.process_time() - start) / int(args.pods)
+    finally:
+        await server.close()
+
+
+async def main(args: argparse.Namespace) -> None:
+    names = [f"node-{i:04d}" for i in range(args.nodes)]
+    cache = Cache()
+    cache.reset_nodes([node(n) for n in names])
+    cache.reset_pods([])
+    binder = Binder()
+    noop = await replay(noop_app(), None, None, args, names)
+    ours = await replay(make_app(cache, binder), cache, binder, args, names)
+    print(f"{args.nodes} nodes, {args.pods} pods, {args.candidates} candidates; CPU per pod, this process:")
+    print(f"  no-op extender (filter+prioritize):        {noop * 1e3:6.2f} ms")
+    print(f"  gpu-tailor (watch+filter+prioritize+bind): {ours * 1e3:6.2f} ms")
+    print(f"  difference:                                {(ours - noop) * 1e3:6.2f} ms")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=1000)
+    p.add_argument("--pods", type=int, default=2000)
+    p.add_argument("--candidates", type=int, default=420)
+    asyncio.run(main(p.parse_args()))
