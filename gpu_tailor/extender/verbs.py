@@ -48,7 +48,7 @@ def _node_names(body: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, An
     """Candidate names, and the node objects when the scheduler sent a full NodeList."""
     names = body.get("NodeNames")
     if isinstance(names, list):
-        if not all(isinstance(n, str) for n in names):
+        if not set(map(type, names)) <= {str}:  # a few hundred names: no Python loop over them
             raise WireError("'NodeNames' must be a list of strings")
         return list(names), None
     nodes = body.get("Nodes")
@@ -116,13 +116,17 @@ def _scored(snap: Snapshot, names: list[str]) -> tuple[list[str], list[int]]:
     return known, rows
 
 
-def _shape(snap: Snapshot, demand: Demand, known: list[str]) -> Shape:
-    offering = None
-    for n in known:
-        offering = snap.nodes[n].state.inventory.offering(demand.resource) if demand.gpu else None
-        if offering is not None:
-            break
-    return shape_of(demand, offering)
+def _shape(snap: Snapshot, demand: Demand, names: list[str]) -> Shape:
+    """The pod's shape, with the offering of the first candidate the fleet has a row for that offers
+    its resource (the first one, nearly always: no pass over all the candidates)."""
+    if demand.gpu:
+        for n in names:
+            info = snap.nodes.get(n)
+            if info is not None and n in snap.fleet.index:
+                offering = info.state.inventory.offering(demand.resource)
+                if offering is not None:
+                    return shape_of(demand, offering)
+    return shape_of(demand, None)
 
 
 def shape_asked(snap: Snapshot, body: Any) -> tuple[str, Shape] | None:
@@ -131,7 +135,7 @@ def shape_asked(snap: Snapshot, body: Any) -> tuple[str, Shape] | None:
     args = extender_args(body)
     if not snap.ready or not args.names:
         return None
-    return _uid(args.pod), _shape(snap, args.demand, _scored(snap, args.names)[0])
+    return _uid(args.pod), _shape(snap, args.demand, args.names)
 
 
 def prioritize(snap: Snapshot, body: Any) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ Only what GPU asks and node capacities need: parse a quantity string to a ``Frac
 
 from __future__ import annotations
 
+import functools
 import re
 from fractions import Fraction
 
@@ -40,6 +41,13 @@ def parse_quantity(value: object) -> Fraction:
         return Fraction(value)
     if not isinstance(value, str):
         raise QuantityError(f"{value!r} is not a quantity")
+    return _parse_text(value)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_text(value: str) -> Fraction:
+    """A quantity string's value; kept, since a cluster spells its requests with a few strings ("100m",
+    "1", "8Gi") and the extender reads every pod's on each of its requests and watch events."""
     m = _QUANTITY.match(value.strip())
     if m is None:
         raise QuantityError(f"{value!r} is not a quantity (expected e.g. 1, 250m, 10Gi)")
