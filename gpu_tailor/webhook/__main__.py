@@ -49,6 +49,9 @@ async def serve(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # no access log: a line per pod create cost 5% of the webhook's CPU under load (py-spy during
+    # benchmarks/webhook_create_latency.py); /metrics counts the reviews and times them
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     if args.certs_secret and (args.tls_cert or args.tls_key):
         print("gpu-tailor webhook: --certs-secret and --tls-cert/--tls-key are alternatives", file=sys.stderr)
         return 2

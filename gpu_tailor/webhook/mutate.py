@@ -7,12 +7,11 @@ validates the body and serialises what this returns.
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonpatch
+import orjson
 
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import ContainerAsk, Isolation, PodAsk, from_pod
@@ -54,7 +53,7 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
     if not ask.has_gpu:
         return Decision(allowed=True)
 
-    pod = copy.deepcopy(obj)
+    pod = _copy_for_edit(obj)
     warnings: list[str] = []
     for container in ask.gpu_containers:
         denial = _requests_equal_limits(pod, container, policy)
@@ -87,9 +86,54 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
     _tolerate(pod, tolerations)
     if policy.schedulerName and (pod.get("spec") or {}).get("schedulerName") in (None, "", KUBE_DEFAULT_SCHEDULER):
         pod.setdefault("spec", {})["schedulerName"] = policy.schedulerName
-    patch = list(jsonpatch.make_patch(obj, pod))
+    patch: list[dict[str, Any]] = []
+    _diff(obj, pod, "", patch)
     return Decision(allowed=True, patch=patch, warnings=tuple(warnings), backing=backing,
                     outcome="mutated" if patch else "allowed")
+
+
+def _copy_for_edit(obj: dict[str, Any]) -> dict[str, Any]:
+    """The pod with its own copy of what ``decide`` edits (metadata and spec; the rest is shared with
+    ``obj``, which ``_diff`` then skips by identity). A round trip through orjson copies a pod several
+    times faster than ``copy.deepcopy``, and a pod is JSON by construction."""
+    pod = dict(obj)
+    for key in ("metadata", "spec"):
+        if key in obj:
+            pod[key] = orjson.loads(orjson.dumps(obj[key]))
+    return pod
+
+
+def _diff(old: Any, new: Any, path: str, out: list[dict[str, Any]]) -> None:
+    """Append to ``out`` a JSONPatch (RFC 6902) that turns ``old`` into ``new``.
+
+    Simpler than ``jsonpatch.make_patch`` (which cost a third of the webhook's CPU in a py-spy profile
+    under load, most of it in its list-move detection): dicts key by key, a list that only grew gets
+    its new items appended, and anything else that differs is replaced whole. ``decide`` only adds keys,
+    sets values, pops resources and appends to lists, so the patches stay as small as jsonpatch's.
+    """
+    if old is new:
+        return
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in old:
+            if key not in new:
+                out.append({"op": "remove", "path": f"{path}/{_escape(key)}"})
+        for key, value in new.items():
+            where = f"{path}/{_escape(key)}"
+            if key in old:
+                _diff(old[key], value, where, out)
+            else:
+                out.append({"op": "add", "path": where, "value": value})
+    elif isinstance(old, list) and isinstance(new, list) and len(old) <= len(new):
+        for i, (a, b) in enumerate(zip(old, new, strict=False)):
+            _diff(a, b, f"{path}/{i}", out)
+        for value in new[len(old):]:
+            out.append({"op": "add", "path": f"{path}/-", "value": value})
+    elif type(old) is not type(new) or old != new:
+        out.append({"op": "replace", "path": path, "value": new})
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _where(container: str | None) -> str:

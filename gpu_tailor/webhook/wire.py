@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_tailor.webhook.mutate import Decision
@@ -33,7 +33,7 @@ def response(uid: str, decision: Decision) -> dict[str, Any]:
     body: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
     if decision.allowed and decision.patch:
         body["patchType"] = "JSONPatch"
-        body["patch"] = base64.b64encode(json.dumps(decision.patch, separators=(",", ":")).encode()).decode()
+        body["patch"] = base64.b64encode(orjson.dumps(decision.patch)).decode()
     if not decision.allowed:
         body["status"] = {"code": decision.code, "message": decision.message,
                           "reason": "Invalid" if decision.code == 422 else "Forbidden"}

@@ -292,3 +292,22 @@ def test_existing_required_affinity_terms_are_anded() -> None:
     assert len(terms) == 2
     for term in terms:
         assert any(e["key"] == "nvidia.com/gpu.sharing-strategy" for e in term["matchExpressions"])
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ({"a": 1}, {"a": 1}),
+    ({"a": 1, "b": 2}, {"a": 2, "c": {"d": [1]}}),
+    ({"m": {"x/y~z": "1"}}, {"m": {"x/y~z": "2", "n/1": "3"}}),
+    ({"l": [1, 2]}, {"l": [1, 3, {"k": "v"}]}),
+    ({"l": [1, 2, 3]}, {"l": [1]}),
+    ({"v": 1}, {"v": True}),
+    ({"v": "1"}, {"v": {"nested": []}}),
+], ids=["same", "keys", "escaped", "list-grew", "list-shrank", "bool-not-int", "type-changed"])
+def test_diff_patch_turns_old_into_new(old: dict[str, Any], new: dict[str, Any]) -> None:
+    from gpu_tailor.webhook.mutate import _diff
+
+    patch: list[dict[str, Any]] = []
+    _diff(old, new, "", patch)
+    out = jsonpatch.apply_patch(old, patch)
+    assert out == new and all(type(out[k]) is type(new[k]) for k in new)
+    assert (patch == []) == (json.dumps(old) == json.dumps(new))

@@ -1,0 +1,261 @@
+"""Pod-create latency and throughput through the webhook against a namespace it does not intercept,
+on a real control plane (``../shared/k8s/control-plane.sh``): the issue-18 comparison.
+
+Starts the control plane on free ports, applies ``manifests/`` through the e2e harness's overlay (the
+API server calls the webhook at https://127.0.0.1:PORT/mutate), creates the fixture nodes, one namespace
+labelled ``gpu-tailor.io/enabled=true`` and one not, and runs ``gpu-tailor webhook`` as the manifests
+run it (``--certs-secret``, its ServiceAccount's token). Only the webhook runs: creates are
+``dryRun=All`` (admission runs exactly as for a real create, nothing is stored and nothing scheduled),
+so that 1,600 pods do not pile up between rounds. Each round creates ``--pods`` one-container pods
+asking ``gpu-tailor.io/gpu-milli: "250"`` with ``--inflight`` in flight (keep-alive connections),
+in the opted-in namespace and then in the other (the order alternates between rounds). In the
+opted-out namespace the same pod is created, just not mutated. Prints p50, p99 and creates/s per
+namespace and the ratios with/without, per round; the last round is the one to quote (the first
+warms up). The control plane is stopped and wiped at the end.
+
+    python benchmarks/webhook_create_latency.py [--pods 400] [--inflight 16] [--rounds 2] [--store] [--py-spy OUT]
+
+``--store`` makes real creates instead (the pods name a scheduler that does not run, so that none is
+scheduled; in the opted-in namespace the webhook then leaves schedulerName alone).
+
+``--py-spy OUT`` records the webhook process during the rounds (``py-spy record --format raw``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.conftest import free_port  # noqa: E402
+from tests.e2e.cluster import (  # noqa: E402
+    OPTED_IN,
+    PLAIN,
+    ControlPlane,
+    create_namespace,
+    fixture_nodes,
+    install_node,
+    k8s_dir,
+    render,
+    service_account_kubeconfig,
+    write_overlay,
+)
+from tests.e2e.kube import Credentials, Kube, load_kubeconfig  # noqa: E402
+from tests.e2e.services import Service, _gpu_tailor_argv, webhook_tls_args  # noqa: E402
+
+
+def pod(name: str, scheduler: str | None = None) -> dict[str, object]:
+    spec: dict[str, object] = {"containers": [{"name": "main", "image": "nvcr.io/nvidia/cuda:12.2.0-base-ubuntu22.04",
+                                               "command": ["sleep", "infinity"],
+                                               "resources": {"limits": {"gpu-tailor.io/gpu-milli": "250"}}}]}
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def client_ssl(creds: Credentials, workdir: Path) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cadata=creds.ca_pem.decode())
+    assert creds.cert_pem and creds.key_pem
+    cert, key = workdir / "bench.crt", workdir / "bench.key"
+    cert.write_bytes(creds.cert_pem)
+    key.touch(mode=0o600)
+    key.write_bytes(creds.key_pem)
+    ctx.load_cert_chain(str(cert), str(key))
+    return ctx
+
+
+async def creates(session: aiohttp.ClientSession, server: str, namespace: str, n: int, inflight: int,
+                  tag: str, store: bool = False) -> tuple[list[float], float, int]:
+    """``n`` creates (dry runs unless ``store``), ``inflight`` at a time: latencies (s), wall time (s), how
+    many were mutated. Stored pods name a scheduler that does not run, so that none is scheduled."""
+    url = f"{server}/api/v1/namespaces/{namespace}/pods" + ("" if store else "?dryRun=All")
+    bodies = [json.dumps(pod(f"{tag}-{i}", "nobody" if store else None)).encode() for i in range(n)]
+    latencies: list[float] = []
+    mutated = 0
+    queue = iter(bodies)
+
+    async def worker() -> None:
+        nonlocal mutated
+        for body in queue:
+            t0 = time.perf_counter()
+            async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+                out = await resp.read()
+                if resp.status != 201:
+                    raise RuntimeError(f"create in {namespace}: HTTP {resp.status}: {out[:300]!r}")
+            latencies.append(time.perf_counter() - t0)
+            mutated += b"gpu-tailor.io/backing" in out
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(inflight)))
+    return latencies, time.perf_counter() - t0, mutated
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+async def measure(creds: Credentials, ctx: ssl.SSLContext, args: argparse.Namespace, webhook_url: str,
+                  pids: dict[str, int]) -> None:
+    connector = aiohttp.TCPConnector(ssl=ctx, limit=args.inflight)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await creates(session, creds.server, PLAIN, args.inflight, args.inflight, "warm")  # open the connections
+        what = "stored" if args.store else "dry-run"
+        print(f"{args.pods} {what} pod creates per namespace and round, {args.inflight} in flight "
+              f"(with: {OPTED_IN}, webhook; without: {PLAIN})")
+        print(f"{'round':<7}{'namespace':<10}{'p50 ms':>8}{'p99 ms':>8}{'creates/s':>11}{'mutated':>9}")
+        cpu: dict[str, dict[str, float]] = {}
+        for r in range(1, args.rounds + 1):
+            order = [OPTED_IN, PLAIN] if r % 2 else [PLAIN, OPTED_IN]
+            rows = {}
+            for ns in order:
+                before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+                lat, wall, mutated = await creates(session, creds.server, ns, args.pods, args.inflight, f"r{r}",
+                                                   args.store)
+                rows[ns] = (pct(lat, 50) * 1e3, pct(lat, 99) * 1e3, len(lat) / wall, mutated)
+                cpu[ns] = {name: (cpu_seconds(pid) - before[name]) * 1e3 / args.pods for name, pid in pids.items()}
+            for ns, label in ((OPTED_IN, "with"), (PLAIN, "without")):
+                p50, p99, rate, mutated = rows[ns]
+                print(f"{r:<7}{label:<10}{p50:>8.1f}{p99:>8.1f}{rate:>11.0f}{mutated:>9}")
+            w, wo = rows[OPTED_IN], rows[PLAIN]
+            print(f"{r:<7}{'ratio':<10}{w[0] / wo[0]:>8.2f}{w[1] / wo[1]:>8.2f}{w[2] / wo[2]:>11.2f}"
+                  f"   (goal: p50 <= 1.20, creates/s >= 0.85)")
+        print(f"CPU ms per create, last round: {'process':<16}{'with':>8}{'without':>9}")
+        for name in pids:
+            print(f"{'':<30}{name:<16}{cpu[OPTED_IN][name]:>8.2f}{cpu[PLAIN][name]:>9.2f}")
+        print(f"{'':<30}{'all':<16}{sum(cpu[OPTED_IN].values()):>8.2f}{sum(cpu[PLAIN].values()):>9.2f}")
+        await call_costs(session, creds.server, webhook_url)
+
+
+async def call_costs(session: aiohttp.ClientSession, server: str, webhook_url: str) -> None:
+    """Where a create's extra time goes, over the whole run: the webhook call as the API server timed it
+    (``apiserver_admission_webhook_admission_duration_seconds``) and the review as the webhook timed it."""
+    async with session.get(f"{server}/metrics") as resp:
+        api = metric_mean(await resp.text(), "apiserver_admission_webhook_admission_duration_seconds",
+                          'name="pods.gpu-tailor.io"')
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    async with session.get(f"{webhook_url}/metrics", ssl=ctx) as resp:
+        own = metric_mean(await resp.text(), "gpu_tailor_webhook_review_seconds", "")
+    print(f"mean per review: API server's webhook call {api * 1e3:.2f} ms, the webhook's own handler "
+          f"{own * 1e3:.2f} ms")
+
+
+def metric_mean(text: str, name: str, having: str) -> float:
+    sums = counts = 0.0
+    for line in text.splitlines():
+        if having in line and line.startswith(name + "_sum"):
+            sums += float(line.rsplit(" ", 1)[1])
+        elif having in line and line.startswith(name + "_count"):
+            counts += float(line.rsplit(" ", 1)[1])
+    return sums / counts if counts else float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=400)
+    parser.add_argument("--inflight", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--store", action="store_true", help="real creates (stored, never scheduled), not dry runs")
+    parser.add_argument("--source", metavar="DIR", help="run the webhook from DIR/gpu_tailor, e.g. "
+                        "`git archive HEAD gpu_tailor | tar -x -C DIR`, to compare two commits")
+    parser.add_argument("--py-spy", metavar="OUT", help="record the webhook with py-spy (raw format) into OUT")
+    args = parser.parse_args()
+    script = k8s_dir() / "control-plane.sh"
+    if not script.is_file():
+        print(f"no control plane: {script} is absent", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gpu-tailor-bench-") as tmp:
+        workdir = Path(tmp)
+        cp = ControlPlane(script, workdir / "k8s")
+        webhook: Service | None = None
+        try:
+            cp.up()
+            creds = load_kubeconfig(cp.kubeconfig)
+            kube = Kube(creds, workdir / "admin")
+            port = free_port()
+            overlay = workdir / "overlay"
+            write_overlay(overlay, f"https://127.0.0.1:{port}/mutate")
+            cp.kubectl("apply", "-k", str(overlay))
+            rendered = render(cp, overlay)
+            create_namespace(kube, OPTED_IN, {"gpu-tailor.io/enabled": "true"})
+            create_namespace(kube, PLAIN, {})
+            for node in fixture_nodes():
+                install_node(kube, node)
+            sa = rendered.service_account("gpu-tailor-webhook")
+            kc = service_account_kubeconfig(kube, cp, "gpu-tailor", sa, workdir / f"{sa}.kubeconfig")
+            argv = webhook_tls_args(_gpu_tailor_argv(rendered, "gpu-tailor-webhook", "webhook",
+                                                     f"127.0.0.1:{port}", kc))
+            if args.source:  # the same command from another tree's gpu_tailor package
+                code = f"import sys; sys.path.insert(0, {str(Path(args.source).resolve())!r}); " \
+                       "from gpu_tailor.cli import main; sys.exit(main(sys.argv[1:]))"
+                argv = [sys.executable, "-c", code, *argv[3:]]
+            webhook = Service("gpu-tailor webhook", argv, workdir / "webhook.log",
+                              f"https://127.0.0.1:{port}/readyz")
+            webhook.start()
+            ctx = client_ssl(creds, workdir)
+            asyncio.run(wait_mutating(creds, ctx))
+            print(f"(control plane and webhook up in {time.monotonic() - started:.0f} s)")
+            spy = None
+            if args.py_spy:
+                assert webhook.proc is not None
+                spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
+                                        str(webhook.proc.pid), "--format", "raw", "--rate", "200", "--nonblocking",
+                                        "-o", args.py_spy], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            try:
+                pids = {p.stem: int(p.read_text()) for p in sorted((cp.home / "run" / "pids").glob("*.pid"))}
+                pids |= {"webhook": webhook.proc.pid if webhook.proc else 0, "this client": os.getpid()}
+                asyncio.run(measure(creds, ctx, args, f"https://127.0.0.1:{port}", pids))
+            finally:
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)
+                    spy.wait(timeout=30)
+        finally:
+            if webhook is not None:
+                webhook.stop()
+            cp.down()
+    print(f"(whole run {time.monotonic() - started:.0f} s)")
+    return 0
+
+
+async def wait_mutating(creds: Credentials, ctx: ssl.SSLContext, timeout: float = 30) -> None:
+    """Until a dry-run create in the opted-in namespace comes back rewritten (the caBundle is in place)."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx)) as session:
+        while True:
+            try:
+                _, _, mutated = await creates(session, creds.server, OPTED_IN, 1, 1, f"probe-{time.monotonic_ns()}")
+                if mutated:
+                    return
+            except RuntimeError:  # refused while the webhook's CA is not in the caBundle yet
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the API server never called the webhook")
+            await asyncio.sleep(0.2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
