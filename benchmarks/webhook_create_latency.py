@@ -48,16 +48,10 @@ from tests.e2e.cluster import (  # noqa: E402
     OPTED_IN,
     PLAIN,
     ControlPlane,
-    create_namespace,
-    fixture_nodes,
-    install_node,
     k8s_dir,
-    render,
-    service_account_kubeconfig,
-    write_overlay,
 )
 from tests.e2e.kube import Credentials, Kube, load_kubeconfig  # noqa: E402
-from tests.e2e.services import Service, _gpu_tailor_argv, webhook_tls_args  # noqa: E402
+from tests.e2e.services import Service, identity, install, webhook_argv  # noqa: E402
 
 
 def pod(name: str, scheduler: str | None = None) -> dict[str, object]:
@@ -199,18 +193,8 @@ def main() -> int:
             creds = load_kubeconfig(cp.kubeconfig)
             kube = Kube(creds, workdir / "admin")
             port = free_port()
-            overlay = workdir / "overlay"
-            write_overlay(overlay, f"https://127.0.0.1:{port}/mutate")
-            cp.kubectl("apply", "-k", str(overlay))
-            rendered = render(cp, overlay)
-            create_namespace(kube, OPTED_IN, {"gpu-tailor.io/enabled": "true"})
-            create_namespace(kube, PLAIN, {})
-            for node in fixture_nodes():
-                install_node(kube, node)
-            sa = rendered.service_account("gpu-tailor-webhook")
-            kc = service_account_kubeconfig(kube, cp, "gpu-tailor", sa, workdir / f"{sa}.kubeconfig")
-            argv = webhook_tls_args(_gpu_tailor_argv(rendered, "gpu-tailor-webhook", "webhook",
-                                                     f"127.0.0.1:{port}", kc))
+            rendered = install(cp, kube, workdir, port)
+            argv = webhook_argv(rendered, port, identity(cp, kube, rendered, "gpu-tailor-webhook", workdir))
             if args.source:  # the same command from another tree's gpu_tailor package
                 code = f"import sys; sys.path.insert(0, {str(Path(args.source).resolve())!r}); " \
                        "from gpu_tailor.cli import main; sys.exit(main(sys.argv[1:]))"

@@ -204,26 +204,39 @@ def _gpu_tailor_argv(rendered: Rendered, deployment: str, container: str, listen
     return [*GPU_TAILOR, *argv]
 
 
-def start_stack(cp: ControlPlane, kube: Kube, workdir: Path) -> Stack:
-    webhook_port, extender_port, scheduler_port = free_port(), free_port(), free_port()
+def install(cp: ControlPlane, kube: Kube, workdir: Path, webhook_port: int) -> Rendered:
+    """manifests/ applied through the overlay that points the webhook at 127.0.0.1, the two namespaces
+    and the fixture nodes: what every run on the control plane starts from."""
     overlay = workdir / "overlay"
     write_overlay(overlay, f"https://127.0.0.1:{webhook_port}/mutate")
     cp.kubectl("apply", "-k", str(overlay))
     rendered = render(cp, overlay)
-
     create_namespace(kube, OPTED_IN, {"gpu-tailor.io/enabled": "true"})
     create_namespace(kube, PLAIN, {})
     for node in fixture_nodes():
         install_node(kube, node)
+    return rendered
 
-    def identity(deployment: str) -> Path:
-        sa = rendered.service_account(deployment)
-        return service_account_kubeconfig(kube, cp, "gpu-tailor", sa, workdir / f"{sa}.kubeconfig")
 
-    webhook_kc, scheduler_kc = identity("gpu-tailor-webhook"), identity("gpu-tailor-scheduler")
-    webhook_argv = _gpu_tailor_argv(rendered, "gpu-tailor-webhook", "webhook", f"127.0.0.1:{webhook_port}",
-                                    webhook_kc)
-    webhook_argv = webhook_tls_args(webhook_argv)
+def identity(cp: ControlPlane, kube: Kube, rendered: Rendered, deployment: str, workdir: Path) -> Path:
+    """A kubeconfig holding a token of the ServiceAccount ``deployment``'s pods run as."""
+    sa = rendered.service_account(deployment)
+    return service_account_kubeconfig(kube, cp, "gpu-tailor", sa, workdir / f"{sa}.kubeconfig")
+
+
+def webhook_argv(rendered: Rendered, port: int, kubeconfig: Path) -> list[str]:
+    """The webhook Deployment's command, run on 127.0.0.1:``port`` under ``kubeconfig``."""
+    return webhook_tls_args(_gpu_tailor_argv(rendered, "gpu-tailor-webhook", "webhook", f"127.0.0.1:{port}",
+                                             kubeconfig))
+
+
+def start_stack(cp: ControlPlane, kube: Kube, workdir: Path) -> Stack:
+    webhook_port, extender_port, scheduler_port = free_port(), free_port(), free_port()
+    overlay = workdir / "overlay"
+    rendered = install(cp, kube, workdir, webhook_port)
+    webhook_kc = identity(cp, kube, rendered, "gpu-tailor-webhook", workdir)
+    scheduler_kc = identity(cp, kube, rendered, "gpu-tailor-scheduler", workdir)
+    wh_argv = webhook_argv(rendered, webhook_port, webhook_kc)
     extender_argv = _gpu_tailor_argv(rendered, "gpu-tailor-scheduler", "extender", f"127.0.0.1:{extender_port}",
                                      scheduler_kc)
     config_path = workdir / "gpu-tailor-scheduler-config.yaml"
@@ -236,7 +249,7 @@ def start_stack(cp: ControlPlane, kube: Kube, workdir: Path) -> Stack:
     logs = workdir / "logs"
     logs.mkdir(exist_ok=True)
     stack = Stack(cp, kube, rendered,
-                  webhook=Service("gpu-tailor webhook", webhook_argv, logs / "webhook.log",
+                  webhook=Service("gpu-tailor webhook", wh_argv, logs / "webhook.log",
                                   f"https://127.0.0.1:{webhook_port}/readyz"),
                   extender=Service("gpu-tailor extender", extender_argv, logs / "extender.log",
                                    f"http://127.0.0.1:{extender_port}/readyz"),
