@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpu_tailor.gpumodel import labels
-from gpu_tailor.gpumodel.quantity import QuantityError, format_bytes, parse_bytes, parse_count
+from gpu_tailor.gpumodel.quantity import QuantityError, format_bytes, parse_bytes, parse_count, parse_quantity
 from gpu_tailor.gpumodel.resources import is_gpu_resource, is_nvidia_resource, parse_resource
 
 
@@ -203,8 +203,10 @@ def _container(raw: dict[str, Any], index: int, init: bool, errors: list[AskErro
 
 
 def _same_quantity(a: str, b: str) -> bool:
+    """Equal as Kubernetes quantities, exactly: ``1`` == ``1000m`` and ``1Gi`` == ``1024Mi``, but ``500m``
+    != ``1`` (no rounding before the comparison, which would hide a half-GPU request under a limit of 1)."""
     try:
-        return parse_bytes(a) == parse_bytes(b)
+        return parse_quantity(a) == parse_quantity(b)
     except QuantityError:
         return False
 
