@@ -4,21 +4,25 @@ Per container: the virtual resources ``gpu-tailor.io/gpu-milli`` (thousandths of
 1000 are whole GPUs) and ``gpu-tailor.io/gpu-memory`` (bytes), or native NVIDIA resources. For the pod:
 its effective request the way the scheduler computes it -- the larger of the app containers' sum and
 the largest init container (restartable "sidecar" init containers run alongside both, so they count
-in both) -- plus the annotations that constrain placement.
+in both) plus ``spec.overhead``, ``kube_effective`` -- plus the annotations that constrain placement.
 
 Invalid values become ``AskError`` records, never exceptions: the webhook turns them into a denial.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from fractions import Fraction
+from typing import Any, TypeVar
 
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.quantity import QuantityError, format_bytes, parse_bytes, parse_count, parse_quantity
 from gpu_tailor.gpumodel.resources import is_gpu_resource, is_nvidia_resource, parse_resource
+
+N = TypeVar("N", int, Fraction)
 
 
 class Isolation(StrEnum):
@@ -132,21 +136,45 @@ class PodAsk:
         return out
 
 
-def _effective(containers: Iterable[ContainerAsk], value: Any) -> int:
-    """Kubernetes' effective pod request for one quantity (KEP-753 sidecars included)."""
-    app = 0
-    init_peak = 0
-    sidecars = 0
-    for c in containers:
-        v = int(value(c))
-        if c.init and c.sidecar:
+def kube_effective(parts: Iterable[tuple[bool, bool, N]], overhead: N) -> N:
+    """Kubernetes' effective pod request of one resource (``component-helpers/resource.PodRequests``).
+
+    ``parts`` are (init, sidecar, request) per container, init containers first and in order. The
+    result is the larger of the app containers' sum plus every sidecar (an init container with
+    ``restartPolicy: Always``, KEP-753: it runs for the pod's whole life) and the init phase's peak,
+    where a plain init container runs beside the sidecars started before it and a sidecar beside
+    those before it; plus the pod's ``spec.overhead``.
+    """
+    app: N = overhead * 0
+    init_peak: N = app
+    sidecars: N = app
+    for init, sidecar, v in parts:
+        if init and sidecar:
             sidecars += v
             init_peak = max(init_peak, sidecars)
-        elif c.init:
+        elif init:
             init_peak = max(init_peak, sidecars + v)
         else:
             app += v
-    return max(app + sidecars, init_peak)
+    return max(app + sidecars, init_peak) + overhead
+
+
+def _effective(containers: Iterable[ContainerAsk], value: Any, overhead: int = 0) -> int:
+    """Kubernetes' effective pod request for one GPU quantity of the containers' asks."""
+    return kube_effective(((c.init, c.sidecar, int(value(c))) for c in containers), overhead)
+
+
+def _overhead_native(spec: dict[str, Any]) -> dict[str, int]:
+    """NVIDIA units in ``spec.overhead`` (RuntimeClass overhead: kube-scheduler adds it to the pod's
+    requests, extended resources included). The API server validated it; an unreadable value counts 0."""
+    raw = spec.get("overhead")
+    out: dict[str, int] = {}
+    if isinstance(raw, dict):
+        for k, v in raw.items():
+            if isinstance(k, str) and parse_resource(k) is not None:
+                with contextlib.suppress(QuantityError):
+                    out[k] = parse_count(v)
+    return out
 
 
 def _container(raw: dict[str, Any], index: int, init: bool, errors: list[AskError]) -> ContainerAsk:
@@ -245,7 +273,8 @@ def from_pod(pod: dict[str, Any]) -> PodAsk:
                                    "expected products or models separated by '|', e.g. A100|H100", None,
                                    labels.ANN_GPU_PRODUCT))
             products = tuple(p for p in products if p)
-    native_keys = sorted({k for c in containers for k in c.native})
+    overhead = _overhead_native(spec)
+    native_keys = sorted({k for c in containers for k in c.native} | set(overhead))
     return PodAsk(
         containers=tuple(containers),
         isolation=isolation,
@@ -254,5 +283,6 @@ def from_pod(pod: dict[str, Any]) -> PodAsk:
         errors=tuple(errors),
         effective_milli=_effective(containers, lambda c: c.milli),
         effective_memory_bytes=_effective(containers, lambda c: c.memory_bytes),
-        effective_native={k: _effective(containers, lambda c, k=k: c.native.get(k, 0)) for k in native_keys},
+        effective_native={k: _effective(containers, lambda c, k=k: c.native.get(k, 0), overhead.get(k, 0))
+                          for k in native_keys},
     )

@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 from gpu_tailor.gpumodel import devices, labels
-from gpu_tailor.gpumodel.ask import PodAsk, Topology, from_pod
+from gpu_tailor.gpumodel.ask import PodAsk, Topology, from_pod, kube_effective
 from gpu_tailor.gpumodel.devices.base import Fit as Fit
 from gpu_tailor.gpumodel.fleet import Shape
 from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, Offering, UnitsRefusal
@@ -48,19 +48,31 @@ def pod_key(pod: dict[str, Any]) -> str:
 
 
 def _requests(pod: dict[str, Any], name: str) -> Fraction:
-    """Effective pod request of cpu/memory: max(sum of app containers, each init container)."""
-    spec = pod.get("spec") or {}
+    """Effective pod request of cpu/memory as kube-scheduler counts it (``ask.kube_effective``:
+    sidecar init containers and ``spec.overhead`` included); unreadable values count 0."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return Fraction(0)
 
-    def one(c: dict[str, Any]) -> Fraction:
-        raw = ((c.get("resources") or {}).get("requests") or {}).get(name)
+    def quantity(raw: Any) -> Fraction:
         try:
             return parse_quantity(str(raw)) if raw is not None else Fraction(0)
         except ValueError:
             return Fraction(0)
 
-    apps: Fraction = sum((one(c) for c in spec.get("containers") or [] if isinstance(c, dict)), Fraction(0))
-    inits = [one(c) for c in spec.get("initContainers") or [] if isinstance(c, dict)]
-    return max([apps, *inits])
+    def one(c: dict[str, Any]) -> Fraction:
+        resources = c.get("resources")
+        requests = resources.get("requests") if isinstance(resources, dict) else None
+        return quantity(requests.get(name)) if isinstance(requests, dict) else Fraction(0)
+
+    def containers(key: str) -> list[dict[str, Any]]:
+        raw = spec.get(key)
+        return [c for c in raw if isinstance(c, dict)] if isinstance(raw, list) else []
+
+    parts = [(True, c.get("restartPolicy") == "Always", one(c)) for c in containers("initContainers")]
+    parts += [(False, False, one(c)) for c in containers("containers")]
+    overhead = spec.get("overhead")
+    return kube_effective(parts, quantity(overhead.get(name)) if isinstance(overhead, dict) else Fraction(0))
 
 
 def demand_of(pod: dict[str, Any], ask: PodAsk | None = None) -> Demand:
