@@ -11,17 +11,16 @@ names are the Go struct names (the types carry no JSON tags): ExtenderArgs ``Pod
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from gpu_tailor.extender.records import PodRecord
-from gpu_tailor.extender.snapshot import Snapshot
+from gpu_tailor.extender.snapshot import NodeInfo, Snapshot
 from gpu_tailor.gpumodel.fleet import Shape
 from gpu_tailor.gpumodel.occupancy import Placement, format_gpu_annotation
-from gpu_tailor.gpumodel.schedule import Demand, NodeState, demand_of, fit, pod_key, shape_of
+from gpu_tailor.gpumodel.schedule import Demand, demand_of, fit, pod_key, shape_of
 
 MAX_SCORE = 10
 
@@ -166,80 +165,95 @@ def prioritize(snap: Snapshot, body: Any) -> list[dict[str, Any]]:
     return [{"Host": n, "Score": by_name.get(n, 0)} for n in names]
 
 
-def _victim_uids(entry: Any) -> list[str]:
-    pods = (entry or {}).get("Pods") or []
-    uids = []
-    for p in pods:
-        if isinstance(p, dict):
-            uid = p.get("UID") or ((p.get("metadata") or {}).get("uid"))
-            if uid:
-                uids.append(str(uid))
-    return uids
+def _victims(body: dict[str, Any]) -> dict[str, tuple[list[str], int]]:
+    """Victim UIDs and PDB violations per node, from ``NodeNameToMetaVictims`` (nodeCacheCapable: MetaPods
+    ``{"UID": ...}``) or else ``NodeNameToVictims`` (whole Pods, the UID in their metadata)."""
+    meta, full = body.get("NodeNameToMetaVictims"), body.get("NodeNameToVictims")
+    source = meta if meta is not None else full
+    if source is None:
+        return {}
+    if not isinstance(source, dict):
+        raise WireError("'NodeNameToMetaVictims' must map node names to victims")
+    out: dict[str, tuple[list[str], int]] = {}
+    for node, entry in source.items():
+        if entry is None:
+            out[node] = ([], 0)
+            continue
+        if not isinstance(entry, dict):
+            raise WireError(f"victims of node {node!r} must be an object with 'Pods'")
+        pods, pdb = entry.get("Pods") or [], entry.get("NumPDBViolations") or 0
+        if not isinstance(pods, list) or isinstance(pdb, bool) or not isinstance(pdb, int):
+            raise WireError(f"victims of node {node!r}: 'Pods' must be a list, 'NumPDBViolations' a number")
+        uids = []
+        for p in pods:
+            if meta is None:  # a whole Pod
+                pod_meta = p.get("metadata") if isinstance(p, dict) else None
+                uid = pod_meta.get("uid") if isinstance(pod_meta, dict) else None
+            else:  # a MetaPod
+                uid = p.get("UID") if isinstance(p, dict) else None
+            if not isinstance(uid, str) or not uid:
+                raise WireError(f"a victim on node {node!r} has no UID")
+            uids.append(uid)
+        out[node] = (uids, pdb)
+    return out
 
 
-class _Trial:
-    """A private copy of one node to evict victims on, and to put them back (preempt's what-ifs)."""
-
-    def __init__(self, ns: NodeState) -> None:
-        self.node = copy.copy(ns)
-        self.node.gpus = ns.gpus.copy()
-        self.node.units_used = dict(ns.units_used)
-        self.evicted: dict[str, Placement] = {}
-
-    def _count(self, rec: PodRecord, sign: int) -> None:
-        used = self.node.units_used
-        used[rec.demand.resource] = used.get(rec.demand.resource, 0) + sign * rec.demand.units
-
-    def evict(self, rec: PodRecord) -> None:
-        placement = self.node.gpus.release(rec.key)
-        if placement is not None:
-            self.evicted[rec.key] = placement
-            self._count(rec, -1)
-
-    def restore(self, rec: PodRecord) -> None:
-        placement = self.evicted.pop(rec.key, None)
-        if placement is not None:
-            self.node.gpus.place(rec.key, placement)
-            self._count(rec, +1)
-
-    def fits(self, demand: Demand) -> bool:
-        return fit(self.node, demand, place=False).ok
+def _fits_without(info: NodeInfo, demand: Demand, victims: list[str]) -> bool:
+    """Whether the pod passes the extender's checks on the node once every victim counted there is gone:
+    ``fit`` (health, product, counts, per-GPU room, MIG layout, NVLink) and, as kube-scheduler's
+    NodeResourcesFit does, CPU and memory requests against allocatable (a zero request always fits)."""
+    node = info.state.copy()  # a private copy: the snapshot is never changed
+    by_uid = {r.uid: r for r in info.pods.values()}
+    for uid in victims:
+        rec = by_uid.get(uid)  # a victim not counted here frees nothing the extender can see
+        if rec is None:
+            continue
+        d = rec.demand
+        if node.gpus.release(rec.key) is not None:
+            node.units_used[d.resource] = node.units_used.get(d.resource, 0) - d.units
+        node.cpu_used -= d.cpu_milli
+        node.mem_used_mib -= d.memory_mib
+    inv = node.inventory
+    if demand.cpu_milli and demand.cpu_milli > inv.cpu_milli - node.cpu_used:
+        return False
+    if demand.memory_mib and demand.memory_mib > inv.memory_bytes // 2**20 - node.mem_used_mib:
+        return False
+    return fit(node, demand, place=False).ok
 
 
 def preempt(snap: Snapshot, body: Any) -> dict[str, Any]:
+    """The candidates of kube-scheduler's preemption the extender agrees with, each with all its victims.
+
+    kube-scheduler (DefaultPreemption's ``SelectVictimsOnNode``) evicts every lower-priority pod of a
+    node on paper, then gives back one by one each pod the preemptor still fits without, by its in-tree
+    filters: CPU, memory and the GPU counts (NodeResourcesFit), ports, affinity, nominated pods... So
+    every victim it proposes is one some in-tree filter needs gone, and none can be dropped here without
+    the pod failing that filter after the evictions. The extender therefore never thins a victim list
+    (dropping the GPU victims whose CPUs were needed is what made the evictions useless); it only
+    removes the nodes where, with every proposed victim gone, the pod would still fail its own checks
+    (a GPU free by count but not where the pod needs it, NVLink, MIG layout, health, or CPU/memory).
+
+    What kube-scheduler's ``callExtenders`` does with the answer (v1.28): a node left out stops being a
+    candidate; a node mapped to an empty victim list fails the whole preemption ("expected at least one
+    victim pod on node") for an extender that is not ignorable, as this one is not. So a node is either
+    answered with a non-empty list or left out, never answered empty.
+    """
     pod = pod_of(body)
-    meta_victims = body.get("NodeNameToMetaVictims")
-    full_victims = body.get("NodeNameToVictims")
-    source = meta_victims if isinstance(meta_victims, dict) else full_victims if isinstance(full_victims, dict) else {}
+    victims = _victims(body)
     demand = demand_of(pod)
     out: dict[str, Any] = {}
-    for node, entry in source.items():
-        uids = _victim_uids(entry)
-        pdb = int((entry or {}).get("NumPDBViolations") or 0)
-        info = snap.nodes.get(node)
-        if not demand.gpu or info is None:
-            out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
+    if demand.error:
+        return {"NodeNameToMetaVictims": out}  # filter fails every node as unresolvable
+    for node, (uids, pdb) in victims.items():
+        if not uids:
             continue
-        counted = {r.uid: r for r in info.pods.values()}
-        victims = [counted.get(uid) for uid in uids]  # only pods counted on that node
-        trial = _Trial(info.state)
-        for rec in victims:
-            if rec is not None and rec.demand.gpu:
-                trial.evict(rec)
-        if not trial.fits(demand):
-            continue  # evicting them all still would not free the GPUs it needs
-        keep = list(uids)
-        # drop victims whose GPUs it does not need (CPU-only victims stay): put each back in turn and
-        # keep it there while the pod still fits
-        for uid, rec in zip(uids, victims, strict=True):
-            if rec is None or not rec.demand.gpu:
-                continue
-            trial.restore(rec)
-            if trial.fits(demand):
-                keep = [u for u in keep if u != uid]
-            else:
-                trial.evict(rec)
-        out[node] = {"Pods": [{"UID": u} for u in keep], "NumPDBViolations": pdb}
+        info = snap.nodes.get(node)
+        if info is None:
+            if demand.gpu:
+                continue  # filter fails a node it does not know yet: evicting there would be for nothing
+        elif not _fits_without(info, demand, uids):
+            continue
+        out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
     return {"NodeNameToMetaVictims": out}
 
 

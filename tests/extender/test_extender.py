@@ -277,22 +277,24 @@ def test_preempt_keeps_nodes_where_eviction_frees_the_gpus_and_drops_the_rest() 
     assert verbs.preempt(state.snapshot(), meta) == {"NodeNameToMetaVictims": {}}
 
 
-def test_preempt_drops_victims_whose_gpus_are_not_needed() -> None:
+def test_preempt_keeps_every_victim_kube_scheduler_proposed() -> None:
+    """kube-scheduler proposes only victims its in-tree filters need gone: none is dropped, even where
+    fewer would free enough GPUs (tests/extender/test_preempt.py has the CPU and memory cases)."""
     state = cluster(VICTIMS)  # two 4-GPU pods fill the node
     four = copy.deepcopy(PREEMPT)
     four["Pod"]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "4"},
                                                            "requests": {"nvidia.com/gpu": "4"}}
     both = {"Pods": [{"UID": v["metadata"]["uid"]} for v in VICTIMS], "NumPDBViolations": 0}
     out = verbs.preempt(state.snapshot(), {"Pod": four["Pod"], "NodeNameToMetaVictims": {"h100-hgx-0": both}})
-    assert len(out["NodeNameToMetaVictims"]["h100-hgx-0"]["Pods"]) == 1  # one 4-GPU victim is enough
+    assert out["NodeNameToMetaVictims"]["h100-hgx-0"] == both
 
 
 def test_preempt_agrees_with_a_cluster_that_never_had_the_evicted_pods() -> None:
     """Preempt tries evictions on a private copy of the node; the answer must be what a cluster without
-    those pods would say (greedy, in the order kube-scheduler lists the victims), and the real state
-    must be left as it was. A victim the extender does not count on that node (unknown, or on another
-    node as far as its watch knows) is left as kube-scheduler listed it: the extender cannot tell what
-    evicting it frees."""
+    those pods would say (the node with all its victims, or left out), and the real state must be left
+    as it was. A victim the extender does not count on that node (unknown, or on another node as far
+    as its watch knows) is left as kube-scheduler listed it: the extender cannot tell what evicting it
+    frees."""
     rng = random.Random(5)
     node = "h100-hgx-0"
     for case in range(20):
@@ -318,13 +320,7 @@ def test_preempt_agrees_with_a_cluster_that_never_had_the_evicted_pods() -> None
 
         expected: dict[str, Any] = {}
         if fits_without(victims):
-            keep = list(victims)
-            for uid in victims:
-                if uid.startswith("uid-w"):  # GPU pods the extender counts on that node
-                    rest = [u for u in keep if u != uid]
-                    if fits_without(rest):
-                        keep = rest
-            expected[node] = {"Pods": [{"UID": u} for u in keep], "NumPDBViolations": 0}
+            expected[node] = {"Pods": [{"UID": u} for u in victims], "NumPDBViolations": 0}
         state = cluster(pods)
         before = dict(state.nodes[node].gpus.placements)
         body = {"Pod": ask, "NodeNameToMetaVictims": {node: {"Pods": [{"UID": u} for u in victims]}}}
