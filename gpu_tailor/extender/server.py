@@ -97,6 +97,13 @@ def _json(result: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(result), status=status, content_type="application/json")
 
 
+# Verbs whose answer has no ``Error`` field (HostPriorityList, ExtenderPreemptionResult): kube-scheduler's
+# HTTPExtender.send fails a call on any status but 200 (without reading the body), so their errors must
+# be HTTP errors; an ``Error`` sent with 200 would be dropped as an unknown field and the answer read as
+# "every score 0" or "no candidate". Filter and bind answer 200 with ``Error``, which kube-scheduler reads.
+NO_ERROR_FIELD = frozenset({"prioritize", "preempt"})
+
+
 def _verb(name: str, fn: Callable[[web.Request, Any], Awaitable[Any]]) -> Callable[[web.Request],
                                                                                     Awaitable[web.Response]]:
     async def handler(request: web.Request) -> web.Response:
@@ -112,15 +119,17 @@ def _verb(name: str, fn: Callable[[web.Request, Any], Awaitable[Any]]) -> Callab
         except verbs.WireError as exc:
             outcome = "bad-request"
             return _json({"Error": str(exc)}, status=400)
+        except verbs.NotSynced as exc:
+            outcome = "error"
+            return _json({"Error": str(exc)}, status=503)
         except web.HTTPException:
             outcome = "bad-request"
             raise
         except Exception as exc:  # never a stack trace to the scheduler
             log.exception("%s failed", name)
             outcome = "error"
-            if name == "prioritize":
-                return _json({"Error": f"prioritize failed: {exc}"}, status=500)
-            return _json({"Error": f"{name} failed: {type(exc).__name__}: {exc}"})
+            error = {"Error": f"{name} failed: {type(exc).__name__}: {exc}"}
+            return _json(error, status=500 if name in NO_ERROR_FIELD else 200)
         finally:
             metrics.requests.labels(name, outcome).inc()
             metrics.latency.labels(name).observe(time.perf_counter() - start)

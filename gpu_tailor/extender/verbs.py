@@ -29,6 +29,11 @@ class WireError(ValueError):
     """The body is not what kube-scheduler sends: HTTP 400."""
 
 
+class NotSynced(RuntimeError):
+    """The cache has not listed nodes and pods yet: for verbs whose answer has no ``Error`` field, an
+    HTTP error (kube-scheduler fails the call and tries the pod again later)."""
+
+
 def pod_of(body: Any) -> dict[str, Any]:
     """The ``Pod`` of ExtenderArgs or ExtenderPreemptionArgs."""
     if not isinstance(body, dict):
@@ -240,6 +245,8 @@ def preempt(snap: Snapshot, body: Any) -> dict[str, Any]:
     """
     pod = pod_of(body)
     victims = _victims(body)
+    if not snap.ready:
+        raise NotSynced("gpu-tailor extender is not synced with the API server yet")
     demand = demand_of(pod)
     out: dict[str, Any] = {}
     if demand.error:

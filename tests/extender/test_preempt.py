@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from gpu_tailor.extender import verbs
+from gpu_tailor.extender.cache import Cache
 from gpu_tailor.gpumodel import labels
 from tests.conftest import load_fixture
-from tests.extender.builders import cluster, gpu_pod
+from tests.extender.builders import RecordingBinder, cluster, gpu_pod
 
 NODE = "h100-hgx-0"  # 8 x H100, 96 CPUs, about 1890 GiB allocatable
 
@@ -147,3 +148,42 @@ def test_full_victims_without_a_uid_are_a_bad_request() -> None:
     del body["NodeNameToVictims"][NODE]["Pods"][0]["metadata"]["uid"]
     with pytest.raises(verbs.WireError):
         verbs.preempt(cluster(FULL).snapshot(), body)
+
+
+async def test_preempt_errors_are_not_http_200(client_for: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kube-scheduler's HTTPExtender.send fails a call on any status but 200 (it never reads the body
+    then), and ExtenderPreemptionResult has no Error field: an error answered with 200 would be decoded
+    as "no candidates" and preemption would quietly do nothing."""
+    body = meta(pod("p", 8), {NODE: ["a", "b"]})
+    client = await client_for(Cache())  # not synced yet
+    resp = await client.post("/preempt", json=body)
+    assert resp.status == 503 and "not synced" in (await resp.json())["Error"]
+
+    client = await client_for(cluster(FULL))
+    resp = await client.post("/preempt", data=b"[1]")
+    assert resp.status == 400 and "Error" in await resp.json()
+
+    def boom(*_: Any) -> Any:
+        raise RuntimeError("surprise")
+
+    monkeypatch.setattr(verbs, "preempt", boom)
+    resp = await client.post("/preempt", json=body)
+    assert resp.status == 500 and (await resp.json()) == {"Error": "preempt failed: RuntimeError: surprise"}
+
+
+@pytest.mark.parametrize("verb,fixture,status", [
+    ("filter", "filter-nodecache-true-pod-gpu4", 200),  # ExtenderFilterResult.Error, which kube-scheduler reads
+    ("bind", "bind-pod-gpu4", 200),  # ExtenderBindingResult.Error, likewise
+    ("prioritize", "prioritize-nodecache-true-pod-gpu4", 500),  # HostPriorityList has no Error field
+])
+async def test_other_verbs_report_errors_where_kube_scheduler_reads_them(
+        client_for: Any, monkeypatch: pytest.MonkeyPatch, verb: str, fixture: str, status: int) -> None:
+    def boom(*_: Any) -> Any:
+        raise RuntimeError("surprise")
+
+    for name in ("filter_nodes", "prioritize", "plan_bind"):
+        monkeypatch.setattr(verbs, name, boom)
+    client = await client_for(cluster(), RecordingBinder())
+    resp = await client.post(f"/{verb}", json=load_fixture("extender", f"{fixture}.json"))
+    assert resp.status == status
+    assert (await resp.json())["Error"] == f"{verb} failed: RuntimeError: surprise"
