@@ -179,9 +179,9 @@ def _overhead_native(spec: dict[str, Any]) -> dict[str, int]:
 
 def _container(raw: dict[str, Any], index: int, init: bool, errors: list[AskError]) -> ContainerAsk:
     name = str(raw.get("name", f"#{index}"))
-    resources = raw.get("resources") or {}
-    requests = {str(k): str(v) for k, v in (resources.get("requests") or {}).items() if is_gpu_resource(str(k))}
-    limits = {str(k): str(v) for k, v in (resources.get("limits") or {}).items() if is_gpu_resource(str(k))}
+    resources = _mapping(raw.get("resources"))
+    requests = {str(k): str(v) for k, v in _mapping(resources.get("requests")).items() if is_gpu_resource(str(k))}
+    limits = {str(k): str(v) for k, v in _mapping(resources.get("limits")).items() if is_gpu_resource(str(k))}
     mismatches: list[Mismatch] = []
     values: dict[str, str] = {}
     for key in sorted(set(requests) | set(limits)):
@@ -252,14 +252,21 @@ def _enum_annotation(annotations: dict[str, str], key: str, enum: type[Any], def
         return default
 
 
+def _mapping(value: Any) -> dict[Any, Any]:
+    """``value`` if it is a JSON object, else empty: a malformed pod reads as one asking for nothing
+    (the webhook refuses such a pod with a 400 before it gets here, ``webhook.shape``)."""
+    return value if isinstance(value, dict) else {}
+
+
 def from_pod(pod: dict[str, Any]) -> PodAsk:
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    annotations = {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}
+    meta = _mapping(pod.get("metadata"))
+    spec = _mapping(pod.get("spec"))
+    annotations = {str(k): str(v) for k, v in _mapping(meta.get("annotations")).items()}
     errors: list[AskError] = []
     containers: list[ContainerAsk] = []
     for init, key in ((True, "initContainers"), (False, "containers")):
-        for i, raw in enumerate(spec.get(key) or []):
+        listed = spec.get(key)
+        for i, raw in enumerate(listed if isinstance(listed, list) else ()):
             if isinstance(raw, dict):
                 containers.append(_container(raw, i, init, errors))
     isolation = _enum_annotation(annotations, labels.ANN_ISOLATION, Isolation, Isolation.ANY, errors)

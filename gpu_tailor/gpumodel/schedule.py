@@ -43,7 +43,9 @@ class Demand:
 
 
 def pod_key(pod: dict[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict):
+        return "/"
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 

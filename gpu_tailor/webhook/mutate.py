@@ -19,6 +19,7 @@ from gpu_tailor.gpumodel.catalog import Candidate, NoFit, OfferingChoice, choose
 from gpu_tailor.gpumodel.devices.base import GPU_TOLERATION, Toleration
 from gpu_tailor.gpumodel.inventory import UnitsRefusal
 from gpu_tailor.gpumodel.resources import parse_resource
+from gpu_tailor.webhook import shape
 from gpu_tailor.webhook.config import AdmissionPolicy
 
 KUBE_DEFAULT_SCHEDULER = "default-scheduler"  # Kubernetes' own scheduler, what an unset schedulerName means
@@ -41,9 +42,13 @@ def _deny(message: str, code: int = 403) -> Decision:
 
 def decide(request: dict[str, Any], candidates: list[Candidate], policy: AdmissionPolicy) -> Decision:
     obj = request.get("object")
-    kind = (request.get("kind") or {}).get("kind")
-    if kind != "Pod" or not isinstance(obj, dict) or request.get("operation", "CREATE") != "CREATE":
+    kind = request.get("kind")
+    if not isinstance(kind, dict) or kind.get("kind") != "Pod" or request.get("operation", "CREATE") != "CREATE":
         return Decision(allowed=True)
+    malformed = shape.problem(obj)
+    if malformed:
+        return _deny(malformed, 400)
+    assert isinstance(obj, dict)
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     if labels.ANN_BACKING in annotations:
         return Decision(allowed=True, backing="reinvocation")  # already rewritten: leave it be
@@ -53,7 +58,10 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
     if not ask.has_gpu:
         return Decision(allowed=True)
 
-    pod = _copy_for_edit(obj)
+    try:
+        pod = _copy_for_edit(obj)
+    except TypeError as exc:  # orjson: nested deeper than 254 levels (a Pod is a dozen deep)
+        return _deny(f"request.object: cannot copy the pod: {exc} (nested too deep)", 400)
     warnings: list[str] = []
     for container in ask.gpu_containers:
         denial = _requests_equal_limits(pod, container, policy)
@@ -85,7 +93,7 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
         tolerations = (*tolerations, *choice.candidate.write.tolerations)
     _tolerate(pod, tolerations)
     if policy.schedulerName and (pod.get("spec") or {}).get("schedulerName") in (None, "", KUBE_DEFAULT_SCHEDULER):
-        pod.setdefault("spec", {})["schedulerName"] = policy.schedulerName
+        _obj(pod, "spec")["schedulerName"] = policy.schedulerName
     patch: list[dict[str, Any]] = []
     _diff(obj, pod, "", patch)
     return Decision(allowed=True, patch=patch, warnings=tuple(warnings), backing=backing,
@@ -132,6 +140,23 @@ def _diff(old: Any, new: Any, path: str, out: list[dict[str, Any]]) -> None:
         out.append({"op": "replace", "path": path, "value": new})
 
 
+def _obj(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    """``parent[key]``, a new ``{}`` there when absent or null (``shape.problem`` ruled out other types)."""
+    child = parent.get(key)
+    if child is None:
+        child = parent[key] = {}
+    assert isinstance(child, dict)
+    return child
+
+
+def _list(parent: dict[str, Any], key: str) -> list[Any]:
+    child = parent.get(key)
+    if child is None:
+        child = parent[key] = []
+    assert isinstance(child, list)
+    return child
+
+
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
@@ -142,8 +167,7 @@ def _where(container: str | None) -> str:
 
 def _resources(pod: dict[str, Any], container: ContainerAsk) -> dict[str, Any]:
     lst = pod["spec"]["initContainers" if container.init else "containers"]
-    res: dict[str, Any] = lst[container.index].setdefault("resources", {})
-    return res
+    return _obj(lst[container.index], "resources")
 
 
 def _requests_equal_limits(pod: dict[str, Any], container: ContainerAsk, policy: AdmissionPolicy) -> str | None:
@@ -152,9 +176,9 @@ def _requests_equal_limits(pod: dict[str, Any], container: ContainerAsk, policy:
         if policy.onMismatch == "deny":
             return (f"container {container.name}: {m.resource} requests ({m.request}) must equal limits "
                     f"({m.limit}); GPU resources cannot be overcommitted")
-        res.setdefault("requests", {})[m.resource] = m.limit
+        _obj(res, "requests")[m.resource] = m.limit
     for key in container.missing_limits:
-        res.setdefault("limits", {})[key] = res["requests"][key]
+        _obj(res, "limits")[key] = res["requests"][key]
     return None
 
 
@@ -192,7 +216,7 @@ def _rewrite(pod: dict[str, Any], ask: PodAsk, choice: OfferingChoice) -> None:
         units = str(choice.units[("init:" if container.init else "") + container.name])
         res = _resources(pod, container)
         for part in ("requests", "limits"):
-            values = res.setdefault(part, {})
+            values = _obj(res, part)
             for virtual in labels.VIRTUAL_RESOURCES:
                 values.pop(virtual, None)
             values[resource] = units
@@ -204,21 +228,20 @@ def _require_nodes(pod: dict[str, Any], cand: Candidate) -> None:
     exprs = [{"key": k, "operator": op, "values": list(v)} for k, op, v in cand.affinity]
     if not exprs:
         return
-    spec = pod.setdefault("spec", {})
-    required = (spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
-                .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {}))
-    terms = required.setdefault("nodeSelectorTerms", [])
+    required = _obj(_obj(_obj(_obj(pod, "spec"), "affinity"), "nodeAffinity"),
+                    "requiredDuringSchedulingIgnoredDuringExecution")
+    terms = _list(required, "nodeSelectorTerms")
     if not terms:
         terms.append({"matchExpressions": exprs})
         return
     for term in terms:
-        have = term.setdefault("matchExpressions", [])
+        have = _list(term, "matchExpressions")
         have.extend(e for e in exprs if e not in have)
 
 
 def _tolerate(pod: dict[str, Any], wanted: tuple[Toleration, ...]) -> None:
     """Add each wanted toleration the pod does not have already (an empty effect tolerates every effect)."""
-    tolerations = pod.setdefault("spec", {}).setdefault("tolerations", [])
+    tolerations = _list(_obj(pod, "spec"), "tolerations")
     for key, operator, effect in dict.fromkeys(wanted):
         if not any(t.get("key") == key and t.get("operator") == operator and t.get("effect") in (None, "", effect)
                    for t in tolerations):
@@ -228,6 +251,6 @@ def _tolerate(pod: dict[str, Any], wanted: tuple[Toleration, ...]) -> None:
 def _annotate(pod: dict[str, Any], ask: PodAsk, isolation: Isolation, backing: str) -> None:
     canonical = ask.canonical()
     canonical["isolation"] = isolation.value
-    annotations = pod.setdefault("metadata", {}).setdefault("annotations", {})
+    annotations = _obj(_obj(pod, "metadata"), "annotations")
     annotations[labels.ANN_ASK] = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     annotations[labels.ANN_BACKING] = backing

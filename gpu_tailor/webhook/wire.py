@@ -10,6 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpu_tailor.webhook.mutate import Decision
 
+# metav1.StatusReason for the codes a denial carries
+REASONS = {400: "BadRequest", 422: "Invalid", 403: "Forbidden"}
+
 
 class Request(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -36,7 +39,7 @@ def response(uid: str, decision: Decision) -> dict[str, Any]:
         body["patch"] = base64.b64encode(orjson.dumps(decision.patch)).decode()
     if not decision.allowed:
         body["status"] = {"code": decision.code, "message": decision.message,
-                          "reason": "Invalid" if decision.code == 422 else "Forbidden"}
+                          "reason": REASONS.get(decision.code, "Forbidden")}
     if decision.warnings:
         body["warnings"] = list(decision.warnings)
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": body}

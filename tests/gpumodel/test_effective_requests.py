@@ -84,3 +84,16 @@ def test_garbage_quantities_and_shapes_count_as_nothing() -> None:
             [{"name": "i", "resources": None}], {"cpu": ["x"]})  # type: ignore[dict-item]
     d = demand_of(p)
     assert (d.cpu_milli, d.memory_mib) == (1000, 1024)
+
+
+@pytest.mark.parametrize("p", [
+    {"metadata": "x"}, {"spec": ["x"]}, {"spec": {"containers": {"name": "a"}}},
+    {"spec": {"containers": [{"name": "a", "resources": ["x"]}]}},
+    {"spec": {"containers": [{"name": "a", "resources": {"requests": ["x"], "limits": "1"}}]}},
+    {"metadata": {"annotations": ["x"]}, "spec": {"initContainers": 3}},
+], ids=["metadata-string", "spec-list", "containers-dict", "resources-list", "requests-list", "annotations-list"])
+def test_malformed_shapes_read_as_asking_nothing(p: dict[str, Any]) -> None:
+    ask = from_pod(p)
+    assert (ask.has_gpu, ask.effective_native, ask.errors) == (False, {}, ())
+    d = demand_of(p)
+    assert (d.cpu_milli, d.memory_mib, d.gpu) == (0, 0, False)
