@@ -34,22 +34,36 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from gpu_tailor.extender.records import PodRecord, confirmed, holds, kept, live, pod_record, pod_uid, waiting, where
+from gpu_tailor.extender.records import (
+    Demands,
+    PodRecord,
+    confirmed,
+    holds,
+    kept,
+    live,
+    pod_record,
+    pod_uid,
+    waiting,
+    where,
+)
 from gpu_tailor.extender.snapshot import NodeInfo, Snapshot, Verdicts
 from gpu_tailor.gpumodel.fleet import Fleet, Shape
 from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, from_node
 from gpu_tailor.gpumodel.occupancy import Placement
 from gpu_tailor.gpumodel.policies import TailorPolicy
 from gpu_tailor.gpumodel.schedule import Demand, NodeState, fleet_row, node_state, pod_key, shape_of
+from gpu_tailor.kube.freshness import Freshness
 
 log = logging.getLogger(__name__)
 
 ASSUMED_TTL = 30.0  # seconds an accepted Binding may go unseen by the watch before its GPUs are freed
 KEPT_PENDING = 512  # pods asked about and not yet seen by the watch (least recently asked dropped first)
+POD_CHUNK = 1000  # pods a relist handles between two turns of the event loop (some 10 ms)
+NODE_CHUNK = 100  # nodes, likewise
 
 
 class Cache:
@@ -66,11 +80,13 @@ class Cache:
         self.assumed: set[str] = set()  # keys of assumed records
         self.asked: OrderedDict[str, PodRecord] = OrderedDict()  # see the module notes
         self.seen: set[str] = set()  # uids of the pods whose shape the policy has learnt
+        self.demands = Demands()
         self.fleet = Fleet()
         self.policy = TailorPolicy(self.fleet)
         self.verdicts = Verdicts()
         self.nodes_synced = False
         self.pods_synced = False
+        self.freshness: dict[str, Freshness] = {}  # per watched resource, when watches keep the cache
         self._last_generation = 0
         self._dirty: set[str] = set()  # nodes changed since the last snapshot
         self._view: dict[str, NodeInfo] = {}
@@ -78,7 +94,8 @@ class Cache:
 
     @property
     def ready(self) -> bool:
-        return self.nodes_synced and self.pods_synced
+        """Listed once, and no watch gone quiet for longer than the API server would keep it open."""
+        return self.nodes_synced and self.pods_synced and all(f.fresh() for f in self.freshness.values())
 
     # ----- the read side -----
     def snapshot(self) -> Snapshot:
@@ -173,14 +190,29 @@ class Cache:
             self.forget(key, rec.uid)
 
     # ----- the watches -----
+    def relist_nodes(self) -> NodeRelist:
+        """A node relist, fed page by page (``kube.watch.Relist``)."""
+        return NodeRelist(self)
+
+    def relist_pods(self) -> PodRelist:
+        """A pod relist, fed page by page (``kube.watch.Relist``)."""
+        return PodRelist(self)
+
     def reset_nodes(self, items: list[dict[str, Any]]) -> None:
-        """A node relist: every node is rebuilt from the list; pods keep their GPUs."""
-        self._dirty.update(self.nodes)
-        self.nodes, self.generation, self.kind_of = {}, {}, {}
-        self.verdicts.clear()  # every node is new: nothing kept would be trusted anyway
-        for obj in items:
-            self._install(from_node(obj))
-        self.nodes_synced = True
+        """A whole node list at once (a cluster file, tests): see ``NodeRelist``."""
+        relist = self.relist_nodes()
+        for _ in relist.page(items):
+            pass
+        for _ in relist.done():
+            pass
+
+    def reset_pods(self, items: list[dict[str, Any]]) -> None:
+        """A whole pod list at once (a cluster file, tests): see ``PodRelist``."""
+        relist = self.relist_pods()
+        for _ in relist.page(items):
+            pass
+        for _ in relist.done():
+            pass
 
     def apply_node(self, event: str, obj: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name", ""))
@@ -211,34 +243,6 @@ class Cache:
             if placed is not rec:
                 self.pods[rec.key] = placed
 
-    def reset_pods(self, items: list[dict[str, Any]]) -> None:
-        """A pod relist: the pods are rebuilt from the list. Assumed pods still within their deadline
-        stay (confirmed where the list shows them bound there); a pod listed on the node it was on
-        keeps its GPUs unless its annotation names others."""
-        now = self.clock()
-        before = self.pods
-        assumed = {k: before[k] for k in self.assumed if live(before[k], now)}
-        for name, ns in self.nodes.items():
-            self.nodes[name] = node_state(ns.inventory)
-            self._touch(name)
-        self.pods, self.on_node, self.assumed = {}, {}, set()
-        records = []
-        for obj in items:
-            rec = pod_record(obj)
-            if (asked := self.asked.get(rec.key)) is not None and asked.uid == rec.uid:
-                del self.asked[rec.key]
-            mine = assumed.pop(rec.key, None)
-            if mine is not None and mine.uid == rec.uid and (waiting(obj) or rec.node == mine.node):
-                rec = mine if waiting(obj) else confirmed(mine, rec)
-            elif (old := before.get(rec.key)) is not None and old.uid == rec.uid and old.node == rec.node:
-                rec = kept(old, rec)
-            records.append(rec)
-        records.extend(assumed.values())  # not in the list (it may predate them): kept until their deadline
-        for rec in sorted(records, key=lambda r: r.placement is None and r.recorded is None):
-            self._add(rec)
-        self.seen &= {r.uid for r in self.pods.values()}  # pods deleted while the watch was down
-        self.pods_synced = True
-
     def apply_pod(self, event: str, obj: dict[str, Any]) -> None:
         key, uid = pod_key(obj), pod_uid(obj)
         if (asked := self.asked.get(key)) is not None and asked.uid == uid:
@@ -249,7 +253,7 @@ class Cache:
                 self._drop(old)
                 self.seen.discard(old.uid)
             return
-        rec = pod_record(obj)
+        rec = pod_record(obj, self.demands.of(obj))
         if old is not None and old.uid == uid:
             if old.assumed:
                 if waiting(obj):
@@ -333,3 +337,65 @@ class Cache:
         ns.cpu_used -= rec.demand.cpu_milli
         ns.mem_used_mib -= rec.demand.memory_mib
         self._touch(rec.node)
+
+
+class NodeRelist:
+    """A node relist: each listed node is applied as the watch would apply it (a node whose inventory
+    is unchanged is left as it is, with its pods and their GPUs); nodes the list lacks are deleted once
+    it is complete. Pages are handled ``NODE_CHUNK`` nodes at a time, with the event loop free in
+    between; requests answered meanwhile see each node either as it was or as listed."""
+
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
+        self.listed: set[str] = set()
+
+    def page(self, items: list[dict[str, Any]]) -> Iterator[None]:
+        for i, obj in enumerate(items, 1):
+            self.cache.apply_node("ADDED", obj)
+            self.listed.add(str((obj.get("metadata") or {}).get("name", "")))
+            if i % NODE_CHUNK == 0:
+                yield
+
+    def done(self) -> Iterator[None]:
+        cache = self.cache
+        for i, name in enumerate([n for n in cache.nodes if n not in self.listed], 1):
+            cache.apply_node("DELETED", {"metadata": {"name": name}})
+            if i % NODE_CHUNK == 0:
+                yield
+        cache.nodes_synced = True
+
+
+class PodRelist:
+    """A pod relist: every listed pod is applied as a watch event would be -- a pod unchanged since
+    we last saw it costs a record and a comparison, one that changed is moved, and its GPUs stay
+    unless its node or its annotation says otherwise. Pods the list lacks are deleted once it is
+    complete, except assumptions still within their deadline (the list may predate a Binding). So a
+    relist after a dropped watch touches only the nodes whose pods really changed.
+
+    Pages are handled ``POD_CHUNK`` pods at a time with the event loop free in between: a request
+    answered meanwhile sees each pod either as it was or as listed, as it would with a watch that
+    has delivered some events and not yet others."""
+
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
+        self.listed: set[str] = set()
+
+    def page(self, items: list[dict[str, Any]]) -> Iterator[None]:
+        for i, obj in enumerate(items, 1):
+            self.cache.apply_pod("MODIFIED", obj)
+            self.listed.add(pod_key(obj))
+            if i % POD_CHUNK == 0:
+                yield
+
+    def done(self) -> Iterator[None]:
+        cache = self.cache
+        gone = [k for k in cache.pods if k not in self.listed]
+        for i, key in enumerate(gone, 1):
+            rec = cache.pods.get(key)
+            if rec is not None and not live(rec, cache.clock()):  # deleted while the watch was down
+                cache._drop(rec)
+                cache.seen.discard(rec.uid)
+            if i % POD_CHUNK == 0:
+                yield
+        cache.seen &= {r.uid for r in cache.pods.values()}  # and pods scored but never bound
+        cache.pods_synced = True

@@ -11,6 +11,7 @@ done (a pod deleted mid-bind) would leave its GPUs counted as taken for good.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -23,12 +24,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpu_tailor.extender import verbs
 from gpu_tailor.extender.cache import Cache
-from gpu_tailor.extender.records import pod_record
+from gpu_tailor.extender.records import pod_record, slim_pod
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.serving import add_probes
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY = 64 * 2**20  # a full NodeList of a big cluster is large
+ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+NODE_PAGE = 100  # a Node object is large (images, conditions): small pages keep each parse short
 
 
 class Binder(Protocol):
@@ -258,12 +261,20 @@ def watch_ctx(cache: Cache, kubeconfig: str | None, in_cluster: bool) -> Any:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         from kubernetes_asyncio import client
 
+        from gpu_tailor.kube.freshness import Freshness
         from gpu_tailor.kube.watch import list_and_watch, watching
 
         def watches(api: Any) -> list[Coroutine[Any, Any, None]]:
             core = client.CoreV1Api(api)
-            return [list_and_watch(core.list_node, cache.reset_nodes, cache.apply_node),
-                    list_and_watch(core.list_pod_for_all_namespaces, cache.reset_pods, cache.apply_pod)]
+            nodes = cache.freshness["nodes"] = Freshness(cache.clock)
+            pods = cache.freshness["pods"] = Freshness(cache.clock)
+            # Finished pods hold nothing, so the API server is asked not to send them: a pod that
+            # succeeds or fails leaves the selection, and the watch reports it DELETED.
+            active = functools.partial(core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
+            return [list_and_watch(core.list_node, None, cache.apply_node, relist=cache.relist_nodes,
+                                   freshness=nodes, page=NODE_PAGE),
+                    list_and_watch(active, None, cache.apply_pod, relist=cache.relist_pods, project=slim_pod,
+                                   freshness=pods)]
 
         async with watching(kubeconfig, in_cluster, watches) as api:
             app[BINDER].binder = ApiBinder(api)

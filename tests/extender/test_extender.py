@@ -209,9 +209,12 @@ def test_verdicts_are_kept_per_ask_across_pods_and_rechecked_only_where_a_node_c
     state.apply_node("DELETED", node_fixture("h100-hgx-0"))
     state.snapshot()
     assert all("h100-hgx-0" not in kept.by_node for kept in state.verdicts.asks.values())  # nothing kept for nodes gone
-    state.reset_nodes([node_fixture(n) for n in NODE_NAMES])  # a relist replaces every node
+    state.reset_nodes([node_fixture(n) for n in NODE_NAMES])  # a relist: only the node that came back is new
     ask(third)
-    assert sorted({n for _, n in calls}) == NODE_NAMES
+    assert sorted({n for _, n in calls}) == ["h100-hgx-0"]
+    state.reset_nodes([node_fixture(n) for n in NODE_NAMES if n != "v100-mps-0"])  # and one is gone
+    assert "v100-mps-0" not in state.snapshot().nodes
+    state.reset_nodes([node_fixture(n) for n in NODE_NAMES])
     for pod in (third, mig):  # what is kept is what fit() says now, reasons included
         demand = demand_of(pod)
         kept = state.snapshot().fits(NODE_NAMES, demand)

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes_asyncio import client
 
 from gpu_tailor.kube.watch import list_all, list_and_watch, watching
@@ -169,3 +170,99 @@ async def test_watching_loads_a_kubeconfig_runs_the_watches_and_stops_them_on_le
         assert sorted(store.objects) == NODE_NAMES
         assert [q.get("watch", "").lower() for _, q in api.requests] == ["", "true"]
         assert inspect.getcoroutinestate(started[0]) == inspect.CORO_CLOSED  # cancelled on leaving
+
+
+async def test_a_watch_that_goes_silent_is_dropped_and_relisted() -> None:
+    """A half-open stream: the API server would have ended the window after timeoutSeconds, so a
+    stream quiet for longer is broken, and the state comes from a fresh list."""
+    store = Store()
+    bound = json.loads(STREAM[1])["object"]
+    async with FakeApi() as api:
+        api.add_list("pods", [pod_list("444")])
+        api.add_watch("pods", STREAM[:1], then="hang")  # one event, then nothing and no end
+        api.add_list("pods", [pod_list("446", [bound])])
+        async with api.api_client() as http:
+            pods = client.CoreV1Api(http).list_pod_for_all_namespaces
+            with running(list_and_watch(pods, store.reset, store.event, backoff=0, timeout_seconds=1,
+                                        quiet_grace=0.2)):
+                await asyncio.wait_for(store.until("reset:1"), 10)
+    assert store.log == ["reset:0", "ADDED:445", "reset:1"]
+    assert [w["timeoutSeconds"] for w in watch_requests(api)][:1] == ["1"]
+
+
+async def test_failures_back_off_exponentially_with_full_jitter_and_a_success_resets_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    bounds: list[tuple[float, float]] = []
+
+    def uniform(a: float, b: float) -> float:
+        bounds.append((a, b))
+        return 0.0  # no real waiting in the test
+
+    monkeypatch.setattr("gpu_tailor.kube.watch.random.uniform", uniform)
+    store = Store()
+    async with FakeApi() as api:
+        for status in (503, 500, 503, 500):
+            api.add_list_error("pods", status)
+        api.add_list("pods", [pod_list("444")])
+        api.add_watch("pods", STREAM[:1], then="drop")  # a failure after a good list: the bound starts over
+        api.add_list("pods", [pod_list("446")])
+        async with api.api_client() as http:
+            pods = client.CoreV1Api(http).list_pod_for_all_namespaces
+            with running(list_and_watch(pods, store.reset, store.event, backoff=0.5, max_backoff=3)):
+                await asyncio.wait_for(api.wait_requests(8), 10)
+    assert bounds == [(0, 0.5), (0, 1.0), (0, 2.0), (0, 3), (0, 0.5)]
+
+
+def project_name_and_node(obj: Any) -> dict[str, Any]:
+    meta, spec = obj.get("metadata"), obj.get("spec")
+    return {"metadata": {"name": meta.get("name"), "resourceVersion": meta.get("resourceVersion")},
+            "spec": {"nodeName": spec.get("nodeName")} if spec is not None else {}}
+
+
+class PagedStore(Store):
+    """A consumer fed page by page, whose work on each page yields: a ``kube.watch.Relist``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pages: list[int] = []
+
+    def relist(self) -> PagedStore:
+        self.pages = []
+        self.incoming: list[dict[str, Any]] = []
+        return self
+
+    def page(self, items: list[dict[str, Any]]) -> Iterator[None]:
+        self.pages.append(len(items))
+        for item in items:
+            self.incoming.append(item)
+            yield
+
+    def done(self) -> Iterator[None]:
+        self.reset(self.incoming)
+        yield
+
+
+async def test_a_projected_list_arrives_page_by_page_and_events_are_projected_too() -> None:
+    store = PagedStore()
+    pods = [json.loads(STREAM[i])["object"] for i in (1, 2)]
+    pods[1]["metadata"]["name"] = "second"
+    async with FakeApi() as api:
+        api.add_list("pods", [pod_list("1", pods[:1]), pod_list("1", pods[1:])])
+        api.add_watch("pods", EXPIRED)  # the ERROR event is read through the lazy parser as well
+        api.add_list("pods", [pod_list("444", pods)])
+        api.add_watch("pods", STREAM, then="hang")
+        async with api.api_client() as http:
+            list_pods = client.CoreV1Api(http).list_pod_for_all_namespaces
+            with running(list_and_watch(list_pods, None, store.event, relist=store.relist,
+                                        project=project_name_and_node, backoff=0)):
+                await asyncio.wait_for(store.until("DELETED:450"), 10)
+    assert store.log[:2] == ["reset:2", "reset:2"] and store.pages == [2]
+    added = json.loads(STREAM[0])["object"]
+    assert store.log[2:] == ["ADDED:445", "MODIFIED:446", "MODIFIED:448", "MODIFIED:449", "DELETED:450"]
+    assert project_name_and_node(added) != added and "watch-gpu1" not in store.objects
+    assert [q.get("limit") for _, q in api.requests if not q.get("watch")] == ["500", "500", "500"]
+
+
+def test_list_and_watch_needs_somewhere_to_put_the_list() -> None:
+    with pytest.raises(ValueError, match="on_reset or relist"):
+        asyncio.run(list_and_watch(lambda **_: None, None, lambda *_: None))  # type: ignore[arg-type]

@@ -1,0 +1,33 @@
+"""How current a watched view is: when the API server last showed it so.
+
+Kept apart from ``watch`` (no HTTP client here) so the state a watch keeps can own its freshness.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+WATCH_WINDOW = 60  # seconds the API server keeps one watch open before it ends it (timeoutSeconds)
+QUIET_GRACE = 15  # beyond the window: a stream silent this much longer is broken, and is dropped
+STALE_AFTER = 2 * (WATCH_WINDOW + QUIET_GRACE)  # not heard from for this long: not ready
+
+
+class Freshness:
+    """When the API server last showed that this view is current: a list completed, a watch window
+    opened or ended normally, an event or a bookmark arrived."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.last = -math.inf
+
+    def heard(self) -> None:
+        self.last = self.clock()
+
+    def staleness(self) -> float:
+        """Seconds since the API server was last heard from (infinite before the first list)."""
+        return self.clock() - self.last
+
+    def fresh(self, limit: float = STALE_AFTER) -> bool:
+        return self.staleness() <= limit
