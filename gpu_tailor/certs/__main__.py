@@ -11,8 +11,9 @@ from typing import Any
 import yaml
 
 from gpu_tailor.certs.authority import Material, Names, ensure, write_atomic
+from gpu_tailor.webhook import registration
 
-WEBHOOK_CONFIG_NAME = "gpu-tailor"
+WEBHOOK_CONFIG_NAME = registration.WEBHOOK_CONFIG_NAME
 
 
 def secret_manifest(m: Material, service: str, namespace: str) -> dict[str, Any]:
@@ -25,31 +26,8 @@ def secret_manifest(m: Material, service: str, namespace: str) -> dict[str, Any]
 
 
 def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
-    """The MutatingWebhookConfiguration of manifests/webhook (a test keeps the two identical)."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": WEBHOOK_CONFIG_NAME},
-        "webhooks": [{
-            "name": "pods.gpu-tailor.io",
-            "admissionReviewVersions": ["v1"],
-            "sideEffects": "None",
-            "failurePolicy": "Fail",
-            "timeoutSeconds": 5,
-            "reinvocationPolicy": "IfNeeded",
-            "matchPolicy": "Equivalent",
-            "clientConfig": {"service": {"name": service, "namespace": namespace, "path": "/mutate", "port": 443}},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
-                       "scope": "Namespaced"}],
-            "namespaceSelector": {"matchExpressions": [
-                {"key": "gpu-tailor.io/enabled", "operator": "In", "values": ["true"]},
-                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [namespace]},
-            ]},
-            "objectSelector": {"matchExpressions": [
-                {"key": "gpu-tailor.io/skip", "operator": "NotIn", "values": ["true"]},
-            ]},
-        }],
-    }
+    """The MutatingWebhookConfiguration of manifests/webhook (``webhook.registration`` defines it)."""
+    return registration.webhook_configuration(service, namespace)
 
 
 def inject_ca_bundle(doc: dict[str, Any], ca_pem: bytes) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from gpu_tailor.gpumodel.catalog import Candidate, NoFit, OfferingChoice, choose
 from gpu_tailor.gpumodel.devices.base import GPU_TOLERATION, Toleration
 from gpu_tailor.gpumodel.inventory import UnitsRefusal
 from gpu_tailor.gpumodel.resources import parse_resource
-from gpu_tailor.webhook import shape
+from gpu_tailor.webhook import guard, shape
 from gpu_tailor.webhook.config import AdmissionPolicy
 
 KUBE_DEFAULT_SCHEDULER = "default-scheduler"  # Kubernetes' own scheduler, what an unset schedulerName means
@@ -43,19 +43,23 @@ def _deny(message: str, code: int = 403) -> Decision:
 def decide(request: dict[str, Any], candidates: list[Candidate], policy: AdmissionPolicy) -> Decision:
     obj = request.get("object")
     kind = request.get("kind")
-    if not isinstance(kind, dict) or kind.get("kind") != "Pod" or request.get("operation", "CREATE") != "CREATE":
+    operation = request.get("operation", "CREATE")
+    if not isinstance(kind, dict) or kind.get("kind") != "Pod":
+        return Decision(allowed=True)
+    if operation == "UPDATE":
+        return _update(request)
+    if operation != "CREATE":
         return Decision(allowed=True)
     malformed = shape.problem(obj)
     if malformed:
         return _deny(malformed, 400)
     assert isinstance(obj, dict)
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
-    if labels.ANN_BACKING in annotations:
-        return Decision(allowed=True, backing="reinvocation")  # already rewritten: leave it be
     ask = from_pod(obj)
     if ask.errors:
         return _deny("; ".join(_where(e.container) + e.message for e in ask.errors), 422)
-    if not ask.has_gpu:
+    owned = guard.on_create(annotations, ask)
+    if not ask.has_gpu and not owned.drop:
         return Decision(allowed=True)
 
     try:
@@ -63,6 +67,13 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
     except TypeError as exc:  # orjson: nested deeper than 254 levels (a Pod is a dozen deep)
         return _deny(f"request.object: cannot copy the pod: {exc} (nested too deep)", 400)
     warnings: list[str] = []
+    if owned.drop:
+        kept = _obj(_obj(pod, "metadata"), "annotations")
+        for key in owned.drop:
+            kept.pop(key)
+            warnings.append(guard.why_removed(key))
+    if not ask.has_gpu:
+        return _allow(obj, pod, warnings, "none")
     for container in ask.gpu_containers:
         denial = _requests_equal_limits(pod, container, policy)
         if denial:
@@ -94,10 +105,37 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
     _tolerate(pod, tolerations)
     if policy.schedulerName and (pod.get("spec") or {}).get("schedulerName") in (None, "", KUBE_DEFAULT_SCHEDULER):
         _obj(pod, "spec")["schedulerName"] = policy.schedulerName
+    if owned.reinvocation:  # its warnings went out with the first answer
+        return _allow(obj, pod, [], "reinvocation")
+    return _allow(obj, pod, warnings, backing)
+
+
+def _allow(obj: dict[str, Any], pod: dict[str, Any], warnings: list[str], backing: str) -> Decision:
     patch: list[dict[str, Any]] = []
     _diff(obj, pod, "", patch)
     return Decision(allowed=True, patch=patch, warnings=tuple(warnings), backing=backing,
                     outcome="mutated" if patch else "allowed")
+
+
+def _update(request: dict[str, Any]) -> Decision:
+    """A pod's ``gpu-tailor.io/*`` annotations are fixed once it exists (``guard``)."""
+    both: list[dict[str, Any]] = []
+    for key in ("oldObject", "object"):
+        meta = request.get(key)
+        meta = meta.get("metadata") if isinstance(meta, dict) else None
+        annotations = meta.get("annotations") if isinstance(meta, dict) else None
+        problem = shape.annotations_problem(annotations, f"request.{key}.metadata.annotations")
+        if problem:
+            return _deny(problem, 400)
+        both.append(annotations or {})
+    changed = guard.changed(*both)
+    user = request.get("userInfo")
+    username = user.get("username") if isinstance(user, dict) else None
+    if changed and username not in guard.ANNOTATION_WRITERS:
+        return _deny(f"annotations {', '.join(changed)} cannot be changed once the pod exists: gpu-tailor reads "
+                     f"them at creation ({labels.ANN_ISOLATION}, {labels.ANN_TOPOLOGY}, {labels.ANN_GPU_PRODUCT}) "
+                     f"or writes them itself ({', '.join(guard.OUTPUT_ANNOTATIONS)}); create a new pod instead")
+    return Decision(allowed=True)
 
 
 def _copy_for_edit(obj: dict[str, Any]) -> dict[str, Any]:

@@ -51,6 +51,11 @@ def _kind(value: Any) -> str:
             int: "a number", float: "a number"}.get(type(value), type(value).__name__)
 
 
+def annotations_problem(value: Any, where: str) -> str | None:
+    """Why ``value`` cannot be a pod's annotations (an object of strings, or null), or None."""
+    return _string_map(value, where)
+
+
 def _string_map(value: Any, where: str) -> str | None:
     if value is None:
         return None
