@@ -21,6 +21,7 @@ from gpu_tailor.gpumodel.inventory import UnitsRefusal
 from gpu_tailor.gpumodel.resources import parse_resource
 from gpu_tailor.webhook import guard, shape
 from gpu_tailor.webhook.config import AdmissionPolicy
+from gpu_tailor.webhook.registration import EXEMPT_NAMESPACES
 
 KUBE_DEFAULT_SCHEDULER = "default-scheduler"  # Kubernetes' own scheduler, what an unset schedulerName means
 
@@ -44,8 +45,10 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
     obj = request.get("object")
     kind = request.get("kind")
     operation = request.get("operation", "CREATE")
-    if not isinstance(kind, dict) or kind.get("kind") != "Pod":
-        return Decision(allowed=True)
+    namespace = request.get("namespace")
+    if not isinstance(kind, dict) or kind.get("kind") != "Pod" or (
+            isinstance(namespace, str) and namespace in EXEMPT_NAMESPACES):
+        return Decision(allowed=True)  # the selector keeps the exempt namespaces away; this is the backstop
     if operation == "UPDATE":
         return _update(request)
     if operation != "CREATE":
