@@ -47,6 +47,7 @@ from gpu_tailor.extender.records import (
     live,
     pod_record,
     pod_uid,
+    pod_version,
     waiting,
     where,
 )
@@ -62,8 +63,9 @@ log = logging.getLogger(__name__)
 
 ASSUMED_TTL = 30.0  # seconds an accepted Binding may go unseen by the watch before its GPUs are freed
 KEPT_PENDING = 512  # pods asked about and not yet seen by the watch (least recently asked dropped first)
-POD_CHUNK = 1000  # pods a relist handles between two turns of the event loop (some 10 ms)
-NODE_CHUNK = 100  # nodes, likewise
+POD_CHUNK = 100  # pods a relist handles between two turns of the event loop (a few ms)
+NODE_CHUNK = 25  # nodes, likewise
+REFRESH_CHUNK = 100  # changed nodes copied into the read side per turn at the end of a relist
 
 
 class Cache:
@@ -102,10 +104,21 @@ class Cache:
         """The cluster for one request: nodes that changed since the last call are copied, and their
         fleet rows written; assumptions past their deadline are dropped first."""
         self.expire()
-        for name in self._dirty:
-            self._refresh(name)
-        self._dirty.clear()
+        self.refresh()
         return Snapshot(self._view, self.fleet, self.policy, frozenset(self._degraded), self.verdicts, self.ready)
+
+    def refresh(self, limit: int | None = None) -> int:
+        """Copy up to ``limit`` changed nodes (all of them by default) into the read side, as the next
+        snapshot would; the number still to copy. A relist does it in chunks, so that the first request
+        after it does not copy thousands of nodes at once."""
+        if limit is None:
+            for name in self._dirty:
+                self._refresh(name)
+            self._dirty.clear()
+            return 0
+        for _ in range(min(limit, len(self._dirty))):
+            self._refresh(self._dirty.pop())
+        return len(self._dirty)
 
     def _refresh(self, name: str) -> None:
         ns = self.nodes.get(name)
@@ -155,6 +168,11 @@ class Cache:
             if rec is not None and (not uid or rec.uid == uid):
                 return rec
         return None
+
+    def holds_version(self, key: str, version: str) -> bool:
+        """Whether the pod ``key`` is kept as the watch showed it at ``version`` (not an assumption)."""
+        rec = self.pods.get(key)
+        return rec is not None and rec.version == version and not rec.assumed
 
     # ----- bind -----
     def assume(self, rec: PodRecord, node: str, placement: Placement | None) -> None:
@@ -243,7 +261,8 @@ class Cache:
             if placed is not rec:
                 self.pods[rec.key] = placed
 
-    def apply_pod(self, event: str, obj: dict[str, Any]) -> None:
+    def apply_pod(self, event: str, obj: dict[str, Any]) -> str:
+        """A pod event (or a listed pod: "MODIFIED"); the pod's namespace/name."""
         key, uid = pod_key(obj), pod_uid(obj)
         if (asked := self.asked.get(key)) is not None and asked.uid == uid:
             del self.asked[key]  # the watch has it now
@@ -252,23 +271,24 @@ class Cache:
             if old is not None and (old.uid == uid or not uid):  # not a newer pod of the same name
                 self._drop(old)
                 self.seen.discard(old.uid)
-            return
-        rec = pod_record(obj, self.demands.of(obj))
+            return key
+        rec = pod_record(obj, self.demands.of(obj, key))
         if old is not None and old.uid == uid:
             if old.assumed:
                 if waiting(obj):
-                    return  # still pending: our Binding is in flight or the watch lags, the assumption stands
+                    return key  # still pending: our Binding is in flight or the watch lags, the assumption stands
                 if rec.node == old.node:
                     rec = confirmed(old, rec)
             elif old.node == rec.node:
                 rec = kept(old, rec)
                 if rec == old:
-                    return  # a status update: nothing decisions read changed
+                    return key  # a status update: nothing decisions read changed
         if old is not None:
             self._drop(old)
             if old.uid != uid:
                 self.seen.discard(old.uid)
         self._add(rec)
+        return key
 
     # ----- the writer's internals -----
     def _touch(self, name: str) -> None:
@@ -358,10 +378,12 @@ class NodeRelist:
 
     def done(self) -> Iterator[None]:
         cache = self.cache
-        for i, name in enumerate([n for n in cache.nodes if n not in self.listed], 1):
+        for i, name in enumerate(cache.nodes.keys() - self.listed, 1):
             cache.apply_node("DELETED", {"metadata": {"name": name}})
             if i % NODE_CHUNK == 0:
                 yield
+        while cache.refresh(REFRESH_CHUNK):
+            yield
         cache.nodes_synced = True
 
 
@@ -379,23 +401,34 @@ class PodRelist:
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
         self.listed: set[str] = set()
+        self.uids: set[str] = set()
 
     def page(self, items: list[dict[str, Any]]) -> Iterator[None]:
+        pods = self.cache.pods
         for i, obj in enumerate(items, 1):
-            self.cache.apply_pod("MODIFIED", obj)
-            self.listed.add(pod_key(obj))
+            key, uid = pod_key(obj), pod_uid(obj)
+            old = pods.get(key)
+            # The API server gives every write a new resourceVersion: a listed pod at the version we
+            # hold is exactly what we have (a relist after a dropped watch lists mostly these).
+            if old is None or old.assumed or old.uid != uid or not old.version or old.version != pod_version(obj):
+                self.cache.apply_pod("MODIFIED", obj)
+            self.listed.add(key)
+            self.uids.add(uid)
             if i % POD_CHUNK == 0:
                 yield
 
     def done(self) -> Iterator[None]:
         cache = self.cache
-        gone = [k for k in cache.pods if k not in self.listed]
-        for i, key in enumerate(gone, 1):
+        for i, key in enumerate(cache.pods.keys() - self.listed, 1):
             rec = cache.pods.get(key)
             if rec is not None and not live(rec, cache.clock()):  # deleted while the watch was down
                 cache._drop(rec)
                 cache.seen.discard(rec.uid)
+            elif rec is not None:
+                self.uids.add(rec.uid)  # an assumption the list may predate
             if i % POD_CHUNK == 0:
                 yield
-        cache.seen &= {r.uid for r in cache.pods.values()}  # and pods scored but never bound
+        cache.seen &= self.uids  # and forget the pods scored but never bound
+        while cache.refresh(REFRESH_CHUNK):
+            yield
         cache.pods_synced = True

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import orjson
+import simdjson
 
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.occupancy import Placement, format_gpu_annotation, parse_gpu_annotation
@@ -28,7 +30,8 @@ class PodRecord:
     ``placement``: the GPUs it holds there (None for CPU-only pods, or while its node is unknown);
     ``recorded``: its ``gpu-tailor.io/gpus`` annotation as read (None: absent or unreadable), for a node
     that shows up after the pod; ``deadline``: None once the watch has shown the pod, else the clock
-    time its assumption expires (infinite while its Binding is in flight).
+    time its assumption expires (infinite while its Binding is in flight); ``version``: the
+    resourceVersion it was read at ("" when unknown).
     """
 
     uid: str
@@ -37,6 +40,7 @@ class PodRecord:
     placement: Placement | None = None
     recorded: tuple[int, ...] | None = None
     deadline: float | None = None
+    version: str = ""  # the pod's resourceVersion as read: the same again is the same pod, nothing to redo
 
     @property
     def key(self) -> str:
@@ -64,51 +68,65 @@ def pod_record(pod: dict[str, Any], demand: Demand | None = None) -> PodRecord:
     """A pod object as a record (not placed: the cache places it on its node); ``demand``: the pod's,
     when the caller has read it already."""
     node = sys.intern(str((pod.get("spec") or {}).get("nodeName") or "")) if _active(pod) else ""  # one per node
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    raw = annotations.get(labels.ANN_GPUS)
+    meta = pod.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(labels.ANN_GPUS)
     recorded = parse_gpu_annotation(str(raw)) if raw is not None else None
-    return PodRecord(pod_uid(pod), node, demand or demand_of(pod), recorded=recorded)
+    return PodRecord(str(meta.get("uid", "")), node, demand or demand_of(pod), recorded=recorded,
+                     version=str(meta.get("resourceVersion") or ""))
+
+
+def pod_version(pod: dict[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("resourceVersion") or "")
+
+
+_OBJECTS = (dict, simdjson.Object)
+_LAZY = (simdjson.Object, simdjson.Array)
 
 
 def _mapping(value: Any) -> Any:
     """``value`` when it is an object (a dict, or simdjson's lazy one), else None."""
-    return value if hasattr(value, "items") and hasattr(value, "get") else None
+    return value if isinstance(value, _OBJECTS) else None
 
 
 def _plain(value: Any) -> Any:
     """A lazily parsed value as plain Python objects (dicts stay as they are)."""
-    return value.as_dict() if hasattr(value, "as_dict") else value
+    return value.as_dict() if isinstance(value, simdjson.Object) else value
+
+
+ASK = "@ask"  # in a projected pod: the bytes that identify what it asks for (see ``PodProjector``)
+_OURS = labels.TAILOR_DOMAIN + "/"
+_CONTAINER_FIELDS = (("containers", ("name", "resources")),
+                     ("initContainers", ("name", "resources", "restartPolicy")))
+
+
+def _containers(spec: Any) -> dict[str, Any]:
+    """What records read of a pod spec's containers: names, resources, restart policies (sidecars),
+    and the overhead."""
+    s: dict[str, Any] = {}
+    for key, names in _CONTAINER_FIELDS:
+        raw = spec.get(key)
+        if raw is not None and not isinstance(raw, str) and not _mapping(raw):
+            s[key] = [{f: _plain(c.get(f)) for f in names if c.get(f) is not None}
+                      for c in raw if _mapping(c) is not None]
+    if (overhead := _mapping(spec.get("overhead"))) is not None:
+        s["overhead"] = _plain(overhead)
+    return s
 
 
 def slim_pod(obj: Any) -> dict[str, Any]:
     """The parts of a pod object that records read, as plain dicts: its name, namespace and uid, the
     project's annotations, its node, its containers' and init containers' resources (and restart
     policy: sidecars), its overhead and its phase. ``obj``: a pod as a dict or as simdjson parsed it
-    lazily (a list page of 100,000 pods: the rest of each pod -- managedFields, volumes, env, status
-    -- is never built). Anything that is not the expected shape is left out, as if absent."""
+    lazily. Anything that is not the expected shape is left out, as if absent."""
     out: dict[str, Any] = {}
     meta = _mapping(obj.get("metadata"))
     if meta is not None:
-        m = {k: meta.get(k) for k in ("name", "namespace", "uid") if meta.get(k) is not None}
-        annotations = _mapping(meta.get("annotations"))
-        if annotations is not None:
-            ours = {k: v for k, v in annotations.items() if k.startswith(labels.TAILOR_DOMAIN + "/")}
-            if ours:
-                m["annotations"] = ours
-        out["metadata"] = m
+        out["metadata"] = _meta(meta)
     spec = _mapping(obj.get("spec"))
     if spec is not None:
-        s: dict[str, Any] = {}
+        s = _containers(spec)
         if (node := spec.get("nodeName")) is not None:
             s["nodeName"] = node
-        for key, fields in (("containers", ("name", "resources")),
-                            ("initContainers", ("name", "resources", "restartPolicy"))):
-            raw = spec.get(key)
-            if raw is not None and not isinstance(raw, str) and not _mapping(raw):
-                s[key] = [{f: _plain(c.get(f)) for f in fields if c.get(f) is not None}
-                          for c in raw if _mapping(c) is not None]
-        if (overhead := _mapping(spec.get("overhead"))) is not None:
-            s["overhead"] = _plain(overhead)
         out["spec"] = s
     status = _mapping(obj.get("status"))
     if status is not None and (phase := status.get("phase")) is not None:
@@ -116,36 +134,132 @@ def slim_pod(obj: Any) -> dict[str, Any]:
     return out
 
 
+def _meta(meta: Any) -> dict[str, Any]:
+    m = {k: v for k in ("name", "namespace", "uid", "resourceVersion") if (v := meta.get(k)) is not None}
+    annotations = _mapping(meta.get("annotations"))
+    if annotations is not None:
+        ours = {k: v for k, v in annotations.items() if isinstance(k, str) and k.startswith(_OURS)}
+        if ours:
+            m["annotations"] = ours
+    return m
+
+
+class PodProjector:
+    """``slim_pod`` for the watch: a pod parsed lazily by simdjson (a list page of 100,000 pods, every
+    event) becomes the few fields records read, and the rest of it -- managedFields, volumes, env,
+    status -- is never built.
+
+    ``known(namespace/name, resourceVersion)``: whether the cache holds that pod at that version
+    already; such a pod (most of a relist after a dropped watch, and a deletion) is read no further
+    than its metadata.
+
+    Replicas ask alike, so the containers' part is built once per distinct ask and shared: the ask is
+    identified by the raw JSON of each container's name, resources and restart policy, the overhead,
+    and the project's annotations but bind's (``ASK``, which ``Demands`` keys on), and on a hit only the
+    name, uid, node and phase are read. Plain dicts are projected by ``slim_pod``."""
+
+    def __init__(self, known: Callable[[str, str], bool] | None = None, size: int = 4096) -> None:
+        self.known = known
+        self.size = size
+        self.parts: OrderedDict[bytes, dict[str, Any]] = OrderedDict()
+
+    def __call__(self, obj: Any) -> dict[str, Any]:
+        if not isinstance(obj, simdjson.Object):
+            return slim_pod(obj)
+        meta, spec, status = _mapping(obj.get("metadata")), _mapping(obj.get("spec")), _mapping(obj.get("status"))
+        if self.known is not None and meta is not None:
+            version = meta.get("resourceVersion")
+            if isinstance(version, str) and version and \
+                    self.known(f"{meta.get('namespace', '')}/{meta.get('name', '')}", version):
+                # the cache holds the pod at this version: its name, uid and version are all it needs
+                return {"metadata": {k: v for k in ("name", "namespace", "uid", "resourceVersion")
+                                     if (v := meta.get(k)) is not None}}
+        out: dict[str, Any] = {}
+        m = _meta(meta) if meta is not None else {}
+        out["metadata"] = m
+        if spec is not None:
+            ask = self._ask(spec, m.get("annotations"))
+            parts = self.parts.get(ask)
+            if parts is None:
+                parts = self.parts[ask] = _containers(spec)
+                if len(self.parts) > self.size:
+                    self.parts.popitem(last=False)
+            s = dict(parts)  # the lists inside are shared between the pods that ask alike: read only
+            if (node := spec.get("nodeName")) is not None:
+                s["nodeName"] = node
+            out["spec"] = s
+            out[ASK] = ask
+        if status is not None and (phase := status.get("phase")) is not None:
+            out["status"] = {"phase": phase}
+        return out
+
+    @staticmethod
+    def _ask(spec: Any, annotations: dict[str, Any] | None) -> bytes:
+        chunks: list[bytes] = []
+        for key, names in _CONTAINER_FIELDS:
+            chunks.append(key.encode())
+            raw = spec.get(key)
+            if isinstance(raw, simdjson.Array):  # as it should be
+                for c in raw:
+                    if isinstance(c, simdjson.Object):
+                        chunks.extend(_raw(c.get(f)) for f in names)
+                    else:
+                        chunks.append(_raw(c))
+            else:
+                chunks.append(_raw(raw))
+        chunks.append(_raw(spec.get("overhead")))
+        if annotations:
+            chunks.append(orjson.dumps({k: v for k, v in annotations.items() if k != labels.ANN_GPUS}))
+        return b"\0".join(chunks)
+
+
+def _raw(value: Any) -> bytes:
+    """The JSON of a lazily parsed value (or of a plain one)."""
+    if not isinstance(value, _LAZY):
+        return orjson.dumps(value)
+    mini: Any = value.mini  # bytes, though pysimdjson's stubs say str
+    return mini if isinstance(mini, bytes) else str(mini).encode()
+
+
 class Demands:
     """``demand_of`` per pod, worked out once per distinct ask: the replicas of a workload ask alike,
-    and a relist of 100,000 pods is mostly the same few dozen asks (the demand is read from the
-    project's annotations, the containers' and init containers' resources and restart policies, and
-    the overhead; all of them are in the memo's key)."""
+    and a relist of 100,000 pods is mostly the same few dozen asks. The ask is a projected pod's
+    ``ASK``, else the JSON of what the demand is read from (the project's annotations but bind's,
+    the containers and init containers, the overhead)."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self.memo: OrderedDict[bytes, Demand] = OrderedDict()
+        self.memo: OrderedDict[bytes, tuple[Demand, tuple[Any, ...]]] = OrderedDict()
 
-    def of(self, pod: dict[str, Any]) -> Demand:
-        meta, spec = pod.get("metadata"), pod.get("spec")
-        if not isinstance(meta, dict) or not isinstance(spec, dict):
-            return demand_of(pod)
-        annotations = meta.get("annotations")
-        if isinstance(annotations, dict) and labels.ANN_GPUS in annotations:  # bind's record, not the ask
-            annotations = {k: v for k, v in annotations.items() if k != labels.ANN_GPUS}
-        try:
-            ask = orjson.dumps((annotations, spec.get("containers"), spec.get("initContainers"),
-                                spec.get("overhead")))
-        except TypeError:  # not JSON (a pod built by hand): no memo
-            return demand_of(pod)
+    def of(self, pod: dict[str, Any], key: str | None = None) -> Demand:
+        """``demand_of(pod)``; ``key``: the pod's namespace/name, when the caller has it."""
+        ask = pod.get(ASK)
+        if not isinstance(ask, bytes):
+            meta, spec = pod.get("metadata"), pod.get("spec")
+            if not isinstance(meta, dict) or not isinstance(spec, dict):
+                return demand_of(pod)
+            annotations = meta.get("annotations")
+            if isinstance(annotations, dict) and labels.ANN_GPUS in annotations:  # bind's record, not the ask
+                annotations = {k: v for k, v in annotations.items() if k != labels.ANN_GPUS}
+            try:
+                ask = orjson.dumps((annotations, spec.get("containers"), spec.get("initContainers"),
+                                    spec.get("overhead")))
+            except TypeError:  # not JSON (a pod built by hand): no memo
+                return demand_of(pod)
+        key = key if key is not None else pod_key(pod)
         known = self.memo.get(ask)
-        key = pod_key(pod)
         if known is None:
-            known = self.memo[ask] = demand_of(pod)
+            demand = demand_of(pod)
+            self.memo[ask] = (demand, astuple_rest(demand))
             if len(self.memo) > self.size:
                 self.memo.popitem(last=False)
-            return known if known.key == key else replace(known, key=key)
-        return replace(known, key=key)
+            return demand if demand.key == key else replace(demand, key=key)
+        return Demand(key, *known[1])
+
+
+def astuple_rest(demand: Demand) -> tuple[Any, ...]:
+    """Every field of ``demand`` but its key, in order (to build the demands of other pods that ask alike)."""
+    return tuple(getattr(demand, f.name) for f in fields(demand)[1:])
 
 
 def live(rec: PodRecord, now: float) -> bool:

@@ -24,8 +24,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpu_tailor.extender import verbs
 from gpu_tailor.extender.cache import Cache
-from gpu_tailor.extender.records import pod_record, slim_pod
+from gpu_tailor.extender.records import PodProjector, pod_record
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.inventory import node_fields
 from gpu_tailor.serving import add_probes
 
 log = logging.getLogger(__name__)
@@ -272,9 +273,10 @@ def watch_ctx(cache: Cache, kubeconfig: str | None, in_cluster: bool) -> Any:
             # succeeds or fails leaves the selection, and the watch reports it DELETED.
             active = functools.partial(core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
             return [list_and_watch(core.list_node, None, cache.apply_node, relist=cache.relist_nodes,
-                                   freshness=nodes, page=NODE_PAGE),
-                    list_and_watch(active, None, cache.apply_pod, relist=cache.relist_pods, project=slim_pod,
-                                   freshness=pods)]
+                                   project=node_fields, freshness=nodes, page=NODE_PAGE, freeze_gc=True),
+                    list_and_watch(active, None, cache.apply_pod, relist=cache.relist_pods,
+                                   project=PodProjector(cache.holds_version),
+                                   freshness=pods, freeze_gc=True)]
 
         async with watching(kubeconfig, in_cluster, watches) as api:
             app[BINDER].binder = ApiBinder(api)

@@ -123,6 +123,27 @@ def _health(facts: NodeFacts, reading: Reading, operator_labels: bool) -> Health
     return Health(HealthState.DEGRADED, missing, reason)
 
 
+def node_fields(obj: Any) -> dict[str, Any]:
+    """The parts of a Node object ``from_node`` reads (name, labels, taints, unschedulable,
+    allocatable), as plain dicts; ``obj``: a dict, or an object parsed lazily by simdjson (anything
+    with ``get``, whose values have ``as_dict``/``as_list``). The rest -- images, conditions,
+    managedFields, often most of a GPU node's bytes -- is never built."""
+
+    def plain(value: Any) -> Any:
+        for how in ("as_dict", "as_list"):
+            if hasattr(value, how):
+                return getattr(value, how)()
+        return value
+
+    out: dict[str, Any] = {}
+    for part, keys in (("metadata", ("name", "labels")), ("spec", ("taints", "unschedulable")),
+                       ("status", ("allocatable",))):
+        raw = obj.get(part)
+        if hasattr(raw, "get"):
+            out[part] = {k: plain(v) for k in keys if (v := raw.get(k)) is not None}
+    return out
+
+
 def from_node(node: dict[str, Any]) -> NodeInventory:
     """Build the inventory; never raises on odd labels (they are reported in ``problems``)."""
     meta = node.get("metadata") or {}

@@ -17,11 +17,18 @@ them may be a generator that yields between chunks: the event loop keeps answeri
 relist of 100,000 pods. With ``project``, list pages and watch events are parsed lazily with simdjson
 and only the fields ``project`` reads are turned into Python objects (most of a pod object --
 managedFields, volumes, env, status -- is never built).
+
+With ``freeze_gc`` the objects the process holds are moved out of reach of the cyclic garbage
+collector (``gc.freeze``) after each page of a relist, at its end, and every ``FREEZE_EVERY`` events.
+A cache of 100,000 pods is some 440,000 tracked objects, and one full collection over them takes
+170 ms of CPU: a stall of every request in flight. Frozen objects are still freed by reference
+counting as soon as they are dropped; only cycles among them would never be (records hold none).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import random
@@ -39,6 +46,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from gpu_tailor.kube.freshness import QUIET_GRACE, WATCH_WINDOW, Freshness
 
 log = logging.getLogger(__name__)
+FREEZE_EVERY = 10_000  # watch events between two gc.freeze() calls, with freeze_gc
 
 ListFn = Callable[..., Awaitable[Any]]
 Project = Callable[[Any], dict[str, Any]]  # a lazily parsed object (or a dict) -> what the consumer keeps
@@ -70,28 +78,42 @@ class _Collect:
         return ()
 
 
-async def _run(steps: Iterable[None]) -> None:
+async def _run(steps: Iterable[None], freeze_gc: bool = False) -> None:
     """Run a consumer's work, letting the event loop in between its chunks."""
     for _ in steps:
+        if freeze_gc:
+            gc.freeze()
         await asyncio.sleep(0)
+    if freeze_gc:
+        gc.freeze()
 
 
-def _parse_page(body: bytes, project: Project | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The items of one list page (projected when ``project`` is given) and the list's metadata."""
+PROJECT_CHUNK = 100  # items of a list page projected between two turns of the event loop
+
+
+async def _parse_page(body: bytes, project: Project | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The items of one list page (projected when ``project`` is given, a chunk at a time) and the
+    list's metadata."""
     if project is None:
         data = orjson.loads(body)
         return list(data.get("items") or []), dict(data.get("metadata") or {})
     doc: Any = simdjson.Parser().parse(body)
     try:
-        items = [project(item) for item in (doc.get("items") or ())]
+        items = []
+        for i, item in enumerate(doc.get("items") or (), 1):
+            items.append(project(item))
+            if i % PROJECT_CHUNK == 0:
+                await asyncio.sleep(0)
         meta = doc.get("metadata")
         return items, (meta.as_dict() if meta is not None else {})
     finally:
+        item = meta = None
         del doc
 
 
 async def list_all(list_fn: ListFn, page: int = 500, relist: Relist | None = None, project: Project | None = None,
-                   timeout: aiohttp.ClientTimeout | None = None) -> tuple[list[dict[str, Any]], str]:
+                   timeout: aiohttp.ClientTimeout | None = None, freeze_gc: bool = False) -> tuple[
+                       list[dict[str, Any]], str]:
     """All items of a paginated list, and the list's resourceVersion. With ``relist`` each page goes
     to it as it arrives (its work run between pages) and the returned list is empty."""
     items: list[dict[str, Any]] = []
@@ -112,10 +134,10 @@ async def list_all(list_fn: ListFn, page: int = 500, relist: Relist | None = Non
         # never be mistaken for an empty list: that would wipe the state.
         if not 200 <= resp.status <= 299:
             raise ApiException(status=resp.status, reason=body[:200].decode(errors="replace"))
-        got, meta = _parse_page(body, project)
+        got, meta = await _parse_page(body, project)
         del body
         if relist is not None:
-            await _run(relist.page(got))
+            await _run(relist.page(got), freeze_gc)
         else:
             items.extend(got)
         rv = meta.get("resourceVersion", rv)
@@ -128,7 +150,7 @@ async def list_all(list_fn: ListFn, page: int = 500, relist: Relist | None = Non
 async def list_and_watch(
     list_fn: ListFn,
     on_reset: Callable[[list[dict[str, Any]]], None] | None,
-    on_event: Callable[[str, dict[str, Any]], None],
+    on_event: Callable[[str, dict[str, Any]], object],
     *,
     relist: Callable[[], Relist] | None = None,
     project: Project | None = None,
@@ -138,6 +160,7 @@ async def list_and_watch(
     backoff: float = 0.5,
     max_backoff: float = 30.0,
     page: int = 500,
+    freeze_gc: bool = False,
 ) -> None:
     """Run forever (until cancelled): the single writer of one kind of object's state.
 
@@ -157,12 +180,13 @@ async def list_and_watch(
     while True:
         try:
             consumer = relist()
-            _, rv = await list_all(list_fn, page, consumer, project, list_timeout)
-            await _run(consumer.done())
+            _, rv = await list_all(list_fn, page, consumer, project, list_timeout, freeze_gc)
+            await _run(consumer.done(), freeze_gc)
             fresh.heard()
             failures = 0
             while True:  # watch windows end normally after timeout_seconds: resume from rv
-                rv = await _watch_once(list_fn, rv, on_event, timeout_seconds, watch_timeout, project, fresh)
+                rv = await _watch_once(list_fn, rv, on_event, timeout_seconds, watch_timeout, project, fresh,
+                                       freeze_gc)
         except asyncio.CancelledError:
             raise
         except ApiException as exc:
@@ -186,9 +210,9 @@ def _jittered(base: float, cap: float, failures: int) -> float:
     return random.uniform(0, min(cap, base * 2 ** min(failures - 1, 30)))
 
 
-async def _watch_once(list_fn: ListFn, rv: str, on_event: Callable[[str, dict[str, Any]], None],
+async def _watch_once(list_fn: ListFn, rv: str, on_event: Callable[[str, dict[str, Any]], object],
                       timeout_seconds: int, timeout: aiohttp.ClientTimeout, project: Project | None,
-                      fresh: Freshness) -> str:
+                      fresh: Freshness, freeze_gc: bool = False) -> str:
     """One watch window from ``rv``; returns the resourceVersion to resume from.
 
     The stream is read here, one event a line, each parsed once (kubernetes-asyncio's ``Watch``
@@ -204,6 +228,7 @@ async def _watch_once(list_fn: ListFn, rv: str, on_event: Callable[[str, dict[st
             body = await resp.read()
             raise ApiException(status=resp.status, reason=body[:200].decode(errors="replace"))
         fresh.heard()
+        events = 0
         while line := await resp.content.readline():
             if not line.strip():
                 continue
@@ -213,6 +238,9 @@ async def _watch_once(list_fn: ListFn, rv: str, on_event: Callable[[str, dict[st
                 rv = new_rv
             if kind != "BOOKMARK":
                 on_event(kind, obj)
+                events += 1
+                if freeze_gc and events % FREEZE_EVERY == 0:
+                    gc.freeze()
         fresh.heard()
     finally:
         resp.release()

@@ -279,7 +279,8 @@ def test_records_are_small_and_hold_no_pod_object() -> None:
     cache = cluster([gpu_pod("held", 2, node=HGX, annotations={labels.ANN_GPUS: "6,7"})])
     cache.remember(second())
     records = [*cache.pods.values(), *cache.asked.values()]
-    assert [f.name for f in fields(PodRecord)] == ["uid", "node", "demand", "placement", "recorded", "deadline"]
+    assert [f.name for f in fields(PodRecord)] == ["uid", "node", "demand", "placement", "recorded", "deadline",
+                                                 "version"]
     for rec in records:
         assert not hasattr(rec, "__dict__")  # slots only
         assert not any(isinstance(getattr(rec, f.name), dict) for f in fields(PodRecord))

@@ -15,12 +15,13 @@ import pytest
 import simdjson
 
 from gpu_tailor.extender.cache import POD_CHUNK, Cache
-from gpu_tailor.extender.records import Demands, pod_record, slim_pod
+from gpu_tailor.extender.records import Demands, PodProjector, pod_record, slim_pod
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.inventory import from_node, node_fields
 from gpu_tailor.gpumodel.schedule import demand_of
 from gpu_tailor.kube.freshness import STALE_AFTER, Freshness
-from tests.conftest import FIXTURES, load_fixture
-from tests.extender.builders import cluster, gpu_pod, pod_of
+from tests.conftest import FIXTURES, load_fixture, node_fixture
+from tests.extender.builders import NODE_NAMES, cluster, gpu_pod, pod_of
 
 HGX = "h100-hgx-0"
 
@@ -82,10 +83,12 @@ def test_a_relist_of_what_the_cache_already_has_touches_no_node() -> None:
     records = dict(cache.pods)
     generations = dict(cache.generation)
     cache.reset_pods([*pods, pod_of("filter-nodecache-true-pod-gpu4")])
-    assert cache._dirty == set() and cache.generation == generations
+    assert cache.generation == generations
     assert all(cache.pods[k] is records[k] for k in records)  # the same records, not rebuilt
     cache.reset_pods(pods[1:])  # one deleted and the pending one gone while the watch was down
-    assert sorted(cache.pods) == [f"gpu-jobs/p{i}" for i in (1, 2, 3)] and cache._dirty == {HGX}
+    assert sorted(cache.pods) == [f"gpu-jobs/p{i}" for i in (1, 2, 3)]
+    assert {n for n, g in cache.generation.items() if g != generations[n]} == {HGX}
+    assert cache._dirty == set()  # the relist copied the changed node into the read side itself
     assert cache.nodes[HGX].gpus.free_whole() == [0, 4, 5, 6, 7]
 
 
@@ -124,3 +127,59 @@ async def test_readiness_fails_while_a_watch_has_gone_quiet_and_comes_back_when_
     nodes.heard()
     assert (await client.get("/readyz")).status == 200
     assert cache.ready and Cache(clock=clock).ready is False
+
+
+def test_a_relist_reads_again_only_the_pods_whose_resource_version_moved(monkeypatch: pytest.MonkeyPatch) -> None:
+    pods = [gpu_pod(f"v{i}", 1, node=HGX) for i in range(3)]
+    for i, pod in enumerate(pods):
+        pod["metadata"]["resourceVersion"] = str(100 + i)
+    cache = cluster(pods)
+    applied: list[str] = []
+    apply = cache.apply_pod
+
+    def counted(event: str, obj: dict[str, Any]) -> None:
+        applied.append(obj["metadata"]["name"])
+        apply(event, obj)
+
+    monkeypatch.setattr(cache, "apply_pod", counted)
+    moved = copy.deepcopy(pods[1])
+    moved["metadata"]["resourceVersion"] = "200"
+    moved["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "2"
+    cache.reset_pods([pods[0], moved, pods[2]])
+    assert applied == ["v1"]  # the others are at the version the cache holds
+    assert cache.pods["gpu-jobs/v1"].demand.cpu_milli == 2000 and cache.pods["gpu-jobs/v1"].version == "200"
+
+
+def test_a_pod_the_cache_holds_at_that_version_is_read_no_further_than_its_metadata() -> None:
+    pod = gpu_pod("v", 1, node=HGX)
+    pod["metadata"]["resourceVersion"] = "100"
+    cache = cluster([pod])
+    project = PodProjector(cache.holds_version)
+
+    def lazily_by(pod: dict[str, Any]) -> dict[str, Any]:
+        doc: Any = simdjson.Parser().parse(orjson.dumps(pod))
+        try:
+            return project(doc)
+        finally:
+            del doc
+
+    known = lazily_by(pod)
+    assert known == {"metadata": {"name": "v", "namespace": "gpu-jobs", "uid": "uid-v", "resourceVersion": "100"}}
+    moved = copy.deepcopy(pod)
+    moved["metadata"]["resourceVersion"] = "101"
+    full = lazily_by(moved)
+    assert pod_record(full) == pod_record(moved) and full["spec"]["nodeName"] == HGX
+    cache.apply_pod("DELETED", known)  # a deletion carries the last version: the metadata is enough
+    assert "gpu-jobs/v" not in cache.pods and cache.nodes[HGX].gpus.free_whole() == list(range(8))
+
+
+@pytest.mark.parametrize("name", NODE_NAMES)
+def test_a_projected_node_makes_the_same_inventory_as_the_whole_node(name: str) -> None:
+    node = node_fixture(name)
+    doc: Any = simdjson.Parser().parse(orjson.dumps(node))
+    try:
+        slim = node_fields(doc)
+    finally:
+        del doc
+    assert from_node(slim) == from_node(node) == from_node(node_fields(node))
+    assert len(orjson.dumps(slim)) < len(orjson.dumps(node))
