@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from gpu_tailor.extender.records import PodRecord
 from gpu_tailor.extender.snapshot import NodeInfo, Snapshot
@@ -35,13 +36,56 @@ class NotSynced(RuntimeError):
 
 
 def pod_of(body: Any) -> dict[str, Any]:
-    """The ``Pod`` of ExtenderArgs or ExtenderPreemptionArgs."""
+    """The ``Pod`` of ExtenderArgs or ExtenderPreemptionArgs, its fields the extender reads checked for
+    their JSON types (kube-scheduler sends pods the API server decoded: a wrong type is a 400)."""
     if not isinstance(body, dict):
         raise WireError("expected a JSON object")
     pod = body.get("Pod")
     if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
         raise WireError("'Pod' must be a Pod object with metadata")
+    why = _pod_problem(pod)
+    if why:
+        raise WireError(f"Pod.{why}")
     return pod
+
+
+_QUANTITY = (str, int, float)
+
+
+def _pod_problem(pod: dict[str, Any]) -> str | None:
+    """What in the pod has the wrong JSON type, of the fields demand_of and the cache read (``null``
+    counts as absent, as Kubernetes' decoder has it); None when they all have the right one."""
+    meta = pod["metadata"]
+    for key in ("name", "namespace", "uid"):
+        if not isinstance(meta.get(key) or "", str):
+            return f"metadata.{key}: expected a string"
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, dict) or not all(isinstance(v, str) for v in annotations.values()):
+        return "metadata.annotations: expected an object of strings"
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    if not isinstance(spec, dict) or not isinstance(status, dict):
+        return "spec and status: expected objects"
+    if not isinstance(spec.get("nodeName") or "", str) or not isinstance(status.get("phase") or "", str):
+        return "spec.nodeName and status.phase: expected strings"
+    if not _quantities(spec.get("overhead")):
+        return "spec.overhead: expected an object of quantities"
+    for key in ("containers", "initContainers"):
+        containers = spec.get(key) or []
+        if not isinstance(containers, list):
+            return f"spec.{key}: expected a list"
+        for i, c in enumerate(containers):
+            res = c.get("resources") or {} if isinstance(c, dict) else None
+            if not isinstance(res, dict) or not isinstance(c.get("name") or "", str) \
+                    or not isinstance(c.get("restartPolicy") or "", str):
+                return f"spec.{key}[{i}]: expected a container with a name and resources"
+            if not (_quantities(res.get("requests")) and _quantities(res.get("limits"))):
+                return f"spec.{key}[{i}].resources: expected requests and limits of quantities"
+    return None
+
+
+def _quantities(value: Any) -> bool:
+    return value is None or (isinstance(value, dict) and all(
+        isinstance(v, _QUANTITY) and not isinstance(v, bool) for v in value.values()))
 
 
 def _uid(pod: dict[str, Any]) -> str:
@@ -57,7 +101,17 @@ def _node_names(body: dict[str, Any]) -> tuple[list[str], dict[str, dict[str, An
         return list(names), None
     nodes = body.get("Nodes")
     if isinstance(nodes, dict) and isinstance(nodes.get("items"), list):
-        objs = {str((n.get("metadata") or {}).get("name", "")): n for n in nodes["items"] if isinstance(n, dict)}
+        objs = {}
+        for n in nodes["items"]:
+            meta = n.get("metadata") if isinstance(n, dict) else None
+            name = meta.get("name") if isinstance(meta, dict) else None
+            if not isinstance(name, str) or not name:
+                raise WireError("every node of 'Nodes.items' must be a Node with a name")
+            try:  # filter sends the objects back: one nested past what orjson writes (255) cannot be
+                orjson.dumps(n)
+            except orjson.JSONEncodeError as exc:
+                raise WireError(f"node {name!r} cannot be sent back: {exc}") from exc
+            objs[name] = n
         return list(objs), objs
     raise WireError("expected 'NodeNames' (nodeCacheCapable) or 'Nodes' with 'items'")
 
@@ -279,10 +333,13 @@ class BindArgs:
 
 
 def bind_args(body: Any) -> BindArgs:
-    if not isinstance(body, dict) or not all(isinstance(body.get(k), str) for k in ("PodName", "PodNamespace",
-                                                                                    "Node")):
+    """ExtenderBindingArgs; kube-scheduler always names the pod, its namespace and the node (an empty
+    one would be bound to no node at all), and sends the pod's UID as a string."""
+    if not isinstance(body, dict) or not all(isinstance(body.get(k), str) and body[k]
+                                             for k in ("PodName", "PodNamespace", "Node")) \
+            or not isinstance(body.get("PodUID") or "", str):
         raise WireError("expected ExtenderBindingArgs with PodName, PodNamespace, PodUID, Node")
-    return BindArgs(body["PodNamespace"], body["PodName"], str(body.get("PodUID") or ""), body["Node"])
+    return BindArgs(body["PodNamespace"], body["PodName"], body.get("PodUID") or "", body["Node"])
 
 
 @dataclass(frozen=True, slots=True)
