@@ -9,10 +9,11 @@ MiB for a pod). TLS material is reloaded when the files change, so cert-manager 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from pydantic import ValidationError
 from gpu_tailor.certs.authority import Names
 from gpu_tailor.serving import CertReloader, add_probes
 from gpu_tailor.webhook.mutate import decide
-from gpu_tailor.webhook.state import ClusterView
+from gpu_tailor.webhook.state import ACTIVE_PODS, ClusterView
 from gpu_tailor.webhook.wire import AdmissionReview, response
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def make_app(view: ClusterView) -> web.Application:
     app[VIEW] = view
     app[METRICS] = Metrics()
     app.router.add_post("/mutate", mutate)
-    add_probes(app, lambda a: a[VIEW].ready, "node inventory not synced yet", lambda a: a[METRICS].registry)
+    add_probes(app, lambda a: a[VIEW].ready, "nodes and pods not synced yet", lambda a: a[METRICS].registry)
     return app
 
 
@@ -109,20 +110,27 @@ class KeptCerts:
     interval: float
 
 
+def watches(api: Any, view: ClusterView) -> list[Coroutine[Any, Any, None]]:
+    """The view's two writers: nodes, and the pods that can hold GPUs (``state.ACTIVE_PODS``)."""
+    from kubernetes_asyncio import client
+
+    from gpu_tailor.kube.watch import list_and_watch
+
+    core = client.CoreV1Api(api)
+    pods = functools.partial(core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
+    return [list_and_watch(core.list_node, view.reset_nodes, view.apply_node),
+            list_and_watch(pods, view.reset_pods, view.apply_pod)]
+
+
 def watch_ctx(kubeconfig: str | None, in_cluster: bool, kept: KeptCerts | None = None) -> Any:
-    """The API client's life: the node watch, and with ``kept`` the certificate keeper, whose first
+    """The API client's life: the node and pod watches, and with ``kept`` the certificate keeper, whose first
     sync completes before the server listens (startup runs before the site starts)."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        from kubernetes_asyncio import client
-
         from gpu_tailor.kube.certkeeper import ApiCertStore, CertKeeper
-        from gpu_tailor.kube.watch import list_and_watch, watching
+        from gpu_tailor.kube.watch import watching
 
-        view = app[VIEW]
-        async with watching(kubeconfig, in_cluster,
-                            lambda api: [list_and_watch(client.CoreV1Api(api).list_node, view.reset,
-                                                        view.apply)]) as api:
+        async with watching(kubeconfig, in_cluster, lambda api: watches(api, app[VIEW])) as api:
             if kept is None:
                 yield
                 return

@@ -1,7 +1,12 @@
-"""What the webhook knows of the cluster: node inventories (and, offline, pods), as candidates.
+"""What the webhook knows of the cluster: node inventories and the GPU units bound pods hold.
 
-One writer (the watch or the cluster-file loader) calls ``reset``/``apply``; handlers call
-``candidates()``, which is recomputed only when something changed.
+Two writers, one per kind, each the only writer of its half (the node watch and the pod watch, or the
+cluster-file loader for both): ``reset_nodes``/``apply_node`` and ``reset_pods``/``apply_pod``.
+Handlers call ``candidates()``, which is recomputed only when something changed. Usage is what makes
+"prefer capacity that is free now" and the "no X is free right now" warning true in a cluster.
+
+Per pod only a slim record is kept -- its node and the NVIDIA units it holds there -- and only for
+pods that are bound, not finished, and hold some; the pod object itself is dropped.
 """
 
 from __future__ import annotations
@@ -14,23 +19,39 @@ from gpu_tailor.gpumodel.catalog import Candidate, from_inventories
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
 from gpu_tailor.webhook.config import AdmissionPolicy, DeclaredOffering
 
+# The pods that can hold GPUs: what the pod list and watch ask the API server for. A pod that finishes
+# stops matching, and the watch then delivers it as DELETED.
+ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+Held = tuple[str, tuple[tuple[str, int], ...]]  # (node, ((resource, units), ...))
+
 
 class ClusterView:
     def __init__(self, policy: AdmissionPolicy) -> None:
         self.policy = policy
         self.nodes: dict[str, NodeInventory] = {}
-        self.used: dict[str, dict[str, int]] = {}
-        self.ready = False
+        self.used: dict[str, dict[str, int]] = {}  # node -> resource -> units held by bound pods
+        self.held: dict[str, Held] = {}  # pod (uid, else namespace/name) -> what it holds where
+        self.nodes_synced = False
+        self.pods_synced = False
         self._cache: list[Candidate] | None = None
         self._declared = [declared_candidate(o) for o in policy.offerings]
 
+    @property
+    def ready(self) -> bool:
+        return self.nodes_synced and self.pods_synced
+
     def reset(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None) -> None:
+        """Both halves at once (``--cluster-file``, tests)."""
+        self.reset_nodes(nodes)
+        self.reset_pods(pods or [])
+
+    def reset_nodes(self, nodes: list[dict[str, Any]]) -> None:
         self.nodes = {inv.name: inv for inv in map(from_node, nodes)}
-        self.used = usage(pods or [])
-        self.ready = True
+        self.nodes_synced = True
         self._cache = None
 
-    def apply(self, event: str, node: dict[str, Any]) -> None:
+    def apply_node(self, event: str, node: dict[str, Any]) -> None:
         name = str((node.get("metadata") or {}).get("name", ""))
         if event == "DELETED":
             self.nodes.pop(name, None)
@@ -38,24 +59,71 @@ class ClusterView:
             self.nodes[name] = from_node(node)
         self._cache = None
 
+    apply = apply_node  # the node watch's on_event, under its old name
+
+    def reset_pods(self, pods: list[dict[str, Any]]) -> None:
+        self.held = {}
+        self.used = {}
+        for pod in pods:
+            held = holding(pod)
+            if held is not None:
+                self.held[pod_id(pod)] = held
+                self._count(held, +1)
+        self.pods_synced = True
+        self._cache = None
+
+    def apply_pod(self, event: str, pod: dict[str, Any]) -> None:
+        key = pod_id(pod)
+        before = self.held.pop(key, None)
+        after = None if event == "DELETED" else holding(pod)
+        if after is not None:
+            self.held[key] = after
+        if before != after:
+            if before is not None:
+                self._count(before, -1)
+            if after is not None:
+                self._count(after, +1)
+            self._cache = None
+
+    def _count(self, held: Held, sign: int) -> None:
+        node, units = held
+        per = self.used.setdefault(node, {})
+        for resource, n in units:
+            left = per.get(resource, 0) + sign * n
+            if left:
+                per[resource] = left
+            else:
+                per.pop(resource, None)
+        if not per:
+            del self.used[node]
+
     def candidates(self) -> list[Candidate]:
         if self._cache is None:
             self._cache = from_inventories(self.nodes.values(), self.used) + self._declared
         return self._cache
 
 
+def pod_id(pod: dict[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+
+
+def holding(pod: dict[str, Any]) -> Held | None:
+    """The node a pod is bound to and the NVIDIA units it holds there; None for a pod that holds none
+    (not bound, finished, or asking for no GPU)."""
+    spec = pod.get("spec") or {}
+    node = spec.get("nodeName")
+    if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    units = tuple(sorted((r, n) for r, n in from_pod(pod).effective_native.items() if n > 0))
+    return (str(node), units) if units else None
+
+
 def usage(pods: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     """Units of each NVIDIA resource held per node by pods that are bound and not finished."""
-    out: dict[str, dict[str, int]] = {}
-    for pod in pods:
-        spec = pod.get("spec") or {}
-        node = spec.get("nodeName")
-        if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        for resource, count in from_pod(pod).effective_native.items():
-            per = out.setdefault(node, {})
-            per[resource] = per.get(resource, 0) + count
-    return out
+    view = ClusterView(AdmissionPolicy())
+    view.reset_pods(pods)
+    return view.used
 
 
 def declared_candidate(o: DeclaredOffering) -> Candidate:
