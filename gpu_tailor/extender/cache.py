@@ -419,15 +419,17 @@ class PodRelist:
 
     def done(self) -> Iterator[None]:
         cache = self.cache
-        for i, key in enumerate(cache.pods.keys() - self.listed, 1):
-            rec = cache.pods.get(key)
-            if rec is not None and not live(rec, cache.clock()):  # deleted while the watch was down
-                cache._drop(rec)
-                cache.seen.discard(rec.uid)
-            elif rec is not None:
-                self.uids.add(rec.uid)  # an assumption the list may predate
-            if i % POD_CHUNK == 0:
-                yield
+        keys = list(cache.pods)
+        for start in range(0, len(keys), 10 * POD_CHUNK):
+            for key in keys[start:start + 10 * POD_CHUNK]:
+                if key in self.listed or (rec := cache.pods.get(key)) is None:
+                    continue
+                if not live(rec, cache.clock()):  # deleted while the watch was down
+                    cache._drop(rec)
+                    cache.seen.discard(rec.uid)
+                else:
+                    self.uids.add(rec.uid)  # an assumption the list may predate
+            yield
         cache.seen &= self.uids  # and forget the pods scored but never bound
         while cache.refresh(REFRESH_CHUNK):
             yield
