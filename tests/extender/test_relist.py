@@ -112,7 +112,7 @@ class Clock:
         return self.now
 
 
-async def test_readiness_fails_while_a_watch_has_gone_quiet_and_comes_back_when_it_is_heard(client_for: Any) -> None:
+async def test_readiness_and_the_staleness_metric_follow_when_each_watch_was_last_heard(client_for: Any) -> None:
     clock = Clock()
     cache = cluster(clock=clock)
     nodes, pods = cache.freshness["nodes"], cache.freshness["pods"] = Freshness(clock), Freshness(clock)
@@ -127,6 +127,11 @@ async def test_readiness_fails_while_a_watch_has_gone_quiet_and_comes_back_when_
     nodes.heard()
     assert (await client.get("/readyz")).status == 200
     assert cache.ready and Cache(clock=clock).ready is False
+    clock.now += 7
+    pods.heard()
+    metrics = await (await client.get("/metrics")).text()
+    assert 'gpu_tailor_extender_watch_staleness_seconds{resource="nodes"} 7.0' in metrics
+    assert 'gpu_tailor_extender_watch_staleness_seconds{resource="pods"} 0.0' in metrics
 
 
 def test_a_relist_reads_again_only_the_pods_whose_resource_version_moved(monkeypatch: pytest.MonkeyPatch) -> None:
