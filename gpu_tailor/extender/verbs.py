@@ -18,12 +18,11 @@ import numpy as np
 import orjson
 
 from gpu_tailor.extender.records import PodRecord
+from gpu_tailor.extender.scores import extender_scores, free_share
 from gpu_tailor.extender.snapshot import NodeInfo, Snapshot
 from gpu_tailor.gpumodel.fleet import Shape
 from gpu_tailor.gpumodel.occupancy import Placement, format_gpu_annotation
 from gpu_tailor.gpumodel.schedule import Demand, demand_of, fit, pod_key, shape_of
-
-MAX_SCORE = 10
 
 
 class WireError(ValueError):
@@ -212,12 +211,7 @@ def prioritize(snap: Snapshot, body: Any) -> list[dict[str, Any]]:
     degraded = snap.degraded
     if degraded:
         ok &= np.array([n not in degraded for n in known], bool)  # degraded nodes last
-    # whole arrays, not a loop over a few hundred candidates: 1..MAX_SCORE over the nodes that fit
-    final = np.zeros(len(known), np.int64)
-    if ok.any():
-        s = scores[ok]
-        lo, hi = s.min(), s.max()
-        final[ok] = 1 + np.round((s - lo) * (MAX_SCORE - 1) / (hi - lo)) if hi > lo else MAX_SCORE
+    final = extender_scores(scores, ok, free_share(snap.fleet, rows))  # by rank: no outlier squeezes the rest
     if len(known) == len(names):  # every candidate known, in order
         return [{"Host": n, "Score": v} for n, v in zip(names, final.tolist(), strict=True)]
     by_name = dict(zip(known, final.tolist(), strict=True))
