@@ -34,7 +34,7 @@ def scheduler_config() -> dict[str, Any]:
 def test_scheduler_config_profile_and_extender() -> None:
     config = scheduler_config()
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
-    assert config["profiles"] == [{"schedulerName": "gpu-tailor-scheduler"}]
+    assert [p["schedulerName"] for p in config["profiles"]] == ["gpu-tailor-scheduler"]  # see test_scheduler_profile
     assert config["percentageOfNodesToScore"] == 100 and config["leaderElection"]["leaderElect"] is True
     ext = config["extenders"][0]
     assert ext["nodeCacheCapable"] is True and ext["urlPrefix"].startswith("http://127.0.0.1:")
