@@ -154,9 +154,10 @@ async def timed_list(cache: Cache, host: str) -> tuple[float, float, list[float]
     from gpu_tailor.kube.watch import _run, list_all
 
     probe = LagProbe()
-    task = asyncio.create_task(probe.run())
     async with client.ApiClient(client.Configuration(host=host)) as api:
         core = client.CoreV1Api(api)
+        task = asyncio.create_task(probe.run())  # the relist's lag, not the client's setup
+        await asyncio.sleep(0)
         start = time.perf_counter()
         relist = cache.relist_nodes()
         await list_all(core.list_node, NODE_PAGE, relist, node_fields, freeze_gc=True)
