@@ -317,3 +317,22 @@ def test_grants_limited_to_a_name_or_namespace_cover_the_ones_the_deployments_us
             assert g.names == (config,), g
     lease = [g for g in grants("gpu-tailor-scheduler")[0] if g.access.resource == "leases"]
     assert lease and {g.namespace for g in lease} == {scheduler_config()["leaderElection"]["resourceNamespace"]}
+
+
+def test_the_cert_manager_overlay_takes_away_exactly_the_grants_of_the_certificate_keeper() -> None:
+    """With cert-manager the webhook runs with --tls-cert, so gpu_tailor.kube.certkeeper (the only code
+    that touches Secrets and the caBundle) never runs: the roles the overlay deletes must grant exactly
+    its calls, and what stays must still cover the webhook's other calls."""
+    overlay = yaml.safe_load((MANIFESTS / "overlays" / "cert-manager" / "kustomization.yaml").read_text())
+    deleted = {(p["kind"], p["metadata"]["name"]) for p in
+               (yaml.safe_load(x["patch"]) for x in overlay["patches"] if "target" not in x)
+               if p.get("$patch") == "delete"}
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in manifests() if d["kind"] in ("Role", "ClusterRole")}
+    taken = {Access(g, r, v) for key in deleted if key in roles for rule in roles[key]["rules"]
+             for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    keeper = module_calls(modules()["gpu_tailor.kube.certkeeper"])
+    assert taken == keeper
+    bindings = {(d["kind"], d["metadata"]["name"]) for d in manifests() if d["kind"].endswith("Binding")
+                and d["roleRef"]["name"] in {name for _, name in deleted & roles.keys()}}
+    assert bindings <= deleted, "a binding left pointing at a deleted role"
+    assert service_calls("webhook") - keeper <= {g.access for g in grants("gpu-tailor-webhook")[0]} - taken

@@ -7,6 +7,11 @@ API calls (the Binding) happen here, around the verbs.
 Bind answers ``{"Error": ""}`` only once the API server has taken the Binding: kube-scheduler keeps a
 pod it was told is bound in its cache until the API shows it gone, so a refused Binding reported as
 done (a pod deleted mid-bind) would leave its GPUs counted as taken for good.
+
+Errors go where kube-scheduler's HTTP extender client (v1.28 ``HTTPExtender.send``) reads them: a
+body it could not have sent is 400; an unexpected failure is 200 with ``Error`` for filter and bind
+(their result types have that field) and 500 for prioritize and preempt (theirs do not, and any
+status but 200 fails the call); preempt before the cache is synced is 503.
 """
 
 from __future__ import annotations
