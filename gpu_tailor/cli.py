@@ -1,4 +1,4 @@
-"""The ``gpu-tailor`` command: one entry point, four subcommands.
+"""The ``gpu-tailor`` command: one entry point, six subcommands.
 
 Each subcommand's work lives in its own package; this module only parses flags and dispatches, so
 ``gpu-tailor --help`` stays fast and does not import aiohttp or the Kubernetes client.
@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from gpu_tailor import __version__
+from gpu_tailor.tools.cli import add_commands  # its flags only: the standard library at import
 
 
 def _cluster_source(p: argparse.ArgumentParser) -> None:
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--workers", type=int, default=1, help="parallel runs")
     si.add_argument("--inventory", action="store_true",
                     help="print the parsed GPU inventory of the bundled example nodes and exit")
+    add_commands(sub)  # explain, capacity
     return parser
 
 
@@ -121,8 +123,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpu_tailor.certs.__main__ import run as run_certs
 
         return run_certs(args)
+    if args.command == "explain":
+        from gpu_tailor.tools.cli import run_explain
+
+        return run_explain(args)
+    if args.command == "capacity":
+        from gpu_tailor.tools.cli import run_capacity
+
+        return run_capacity(args)
     print(f"gpu-tailor {args.command}: not implemented yet in this version", file=sys.stderr)
     return 2
+
+
+def kubectl_main(argv: Sequence[str] | None = None) -> int:
+    """The ``kubectl-gpu_tailor`` plugin: ``kubectl gpu-tailor explain|capacity``."""
+    from gpu_tailor.tools.cli import kubectl_main as run
+
+    return run(list(argv) if argv is not None else None)
 
 
 if __name__ == "__main__":  # pragma: no cover

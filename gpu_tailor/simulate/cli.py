@@ -10,6 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 from importlib import resources
 from pathlib import Path
 from statistics import mean
+from typing import Any
 
 from gpu_tailor.gpumodel.fleet import MILLI
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
@@ -112,12 +113,13 @@ def plot(results: list[RunResult], path: str) -> None:
     plt.close(fig)
 
 
-def progress(done: int, total: int) -> None:
-    width = 30
-    filled = width * done // total
-    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} runs", end="", file=sys.stderr, flush=True)
-    if done == total:
-        print(file=sys.stderr)
+def progress_bar(total: int) -> Any:
+    """A tqdm bar over the runs on stderr; disabled when stdout is not a terminal (a pipe, a file, CI), so a
+    table written to a file has no carriage-return litter beside it."""
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    return tqdm(total=total, unit="run", desc="replaying", file=sys.stderr, disable=not sys.stdout.isatty(),
+                dynamic_ncols=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,16 +143,16 @@ def run(args: argparse.Namespace) -> int:
         refs = [headroom((p.shape for p in arrivals(pods, s, gpus * MILLI, args.inflate)), nodes) for s in seeds]
         jobs = [(nodes_csv, pods_csv, p, s, args.inflate, args.topology) for p in policies for s in seeds]
         results: list[RunResult] = []
-        progress(0, len(jobs))
-        if args.workers > 1 and len(jobs) > 1:
-            with ProcessPoolExecutor(max_workers=args.workers) as pool:
-                for r in pool.map(_one, jobs):
-                    results.append(r)
-                    progress(len(results), len(jobs))
-        else:
-            for job in jobs:
-                results.append(_one(job))
-                progress(len(results), len(jobs))
+        with progress_bar(len(jobs)) as bar:
+            if args.workers > 1 and len(jobs) > 1:
+                with ProcessPoolExecutor(max_workers=args.workers) as pool:
+                    for r in pool.map(_one, jobs):
+                        results.append(r)
+                        bar.update(1)
+            else:
+                for job in jobs:
+                    results.append(_one(job))
+                    bar.update(1)
     except TraceError as exc:
         print(f"gpu-tailor simulate: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,285 @@
+"""``gpu-tailor explain``: what the webhook would do to a pod, and where the scheduler would put it, and why.
+
+Nothing here decides anything of its own. The webhook's answer is ``webhook.mutate.decide`` on an
+AdmissionReview built as the API server would send it, over a ``webhook.state.ClusterView`` of the
+nodes and pods; its JSONPatch is applied to give the pod as stored. The extender's answers are
+``extender.verbs.filter_nodes``, ``prioritize`` and ``plan_bind`` on a snapshot of an
+``extender.cache.Cache`` filled with the same nodes and pods, asked about the nodes that pass
+kube-scheduler's own filters (``intree``), as kube-scheduler asks only about those.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import jsonpatch
+import yaml
+
+from gpu_tailor.extender import verbs
+from gpu_tailor.extender.cache import Cache
+from gpu_tailor.extender.records import pod_record
+from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.schedule import Demand, demand_of
+from gpu_tailor.tools import intree
+from gpu_tailor.tools.source import Cluster
+from gpu_tailor.webhook.config import AdmissionPolicy
+from gpu_tailor.webhook.mutate import KUBE_DEFAULT_SCHEDULER, decide
+from gpu_tailor.webhook.registration import EXEMPT_NAMESPACES
+from gpu_tailor.webhook.state import ClusterView
+
+Obj = dict[str, Any]
+
+
+@dataclass
+class Admission:
+    called: bool  # whether the API server would call the webhook at all
+    allowed: bool
+    outcome: str  # not-called | allowed | mutated | denied
+    message: str = ""  # the denial, or why the webhook is not called
+    code: int = 200
+    warnings: list[str] = field(default_factory=list)
+    patch: list[Obj] = field(default_factory=list)
+    diff: str = ""  # unified diff of the pod's YAML, as written -> as stored
+
+
+@dataclass
+class NodeVerdict:
+    node: str
+    fits: bool
+    by: str = ""  # who turns it away: kube-scheduler | gpu-tailor extender ("" when it fits)
+    reasons: list[str] = field(default_factory=list)
+    unresolvable: bool = False  # the extender says no eviction would help
+    score: int | None = None  # prioritize's 0..10, for the nodes that fit
+    gpus: list[int] | None = None  # what bind would hand out there (None: no GPU ask, or counted only)
+    nvlink: str = ""  # for several whole GPUs: whether those GPUs are all NVLink-connected
+
+
+@dataclass
+class Explanation:
+    subject: str
+    source: str
+    namespace: str
+    admission: Admission
+    stored: Obj  # the pod as the API server would store it (without the API server's own defaults)
+    scheduler: str
+    extender_asked: bool
+    ask: str  # the native GPU ask after admission, for people
+    nodes: list[NodeVerdict]
+    chosen: str | None = None
+    gpus: list[int] | None = None
+    nvlink: str = ""
+    pending: str = ""  # kube-scheduler's FailedScheduling message when no node fits
+    notes: list[str] = field(default_factory=list)
+
+    def wire(self) -> Obj:
+        return asdict(self)
+
+
+def admission_review(pod: Obj) -> Obj:
+    """The AdmissionReview request the API server sends for a create of ``pod``."""
+    meta = pod.get("metadata") or {}
+    return {"uid": "gpu-tailor-explain", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": meta.get("name", ""), "namespace": meta.get("namespace", ""), "operation": "CREATE",
+            "userInfo": {"username": "gpu-tailor-explain"}, "object": pod, "dryRun": True}
+
+
+def api_defaults(pod: Obj) -> Obj:
+    """``pod`` with what the API server fills in before it calls mutating webhooks and that decisions read:
+    requests default to limits (per resource, per container) and an unset schedulerName is
+    ``default-scheduler``. The DefaultTolerationSeconds tolerations and the rest are left out."""
+    out = copy.deepcopy(pod)
+    spec = out.setdefault("spec", {})
+    for key in ("initContainers", "containers"):
+        for c in spec.get(key) or []:
+            res = c.get("resources") if isinstance(c, dict) else None
+            if isinstance(res, dict) and isinstance(res.get("limits"), dict):
+                requests = res.setdefault("requests", {})
+                for name, value in res["limits"].items():
+                    requests.setdefault(name, value)
+    spec.setdefault("schedulerName", KUBE_DEFAULT_SCHEDULER)
+    return out
+
+
+def _as_yaml(obj: Obj) -> list[str]:
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False).splitlines(keepends=True)
+
+
+def admit(pod: Obj, cluster: Cluster, policy: AdmissionPolicy) -> tuple[Admission, Obj, list[str]]:
+    """The webhook's answer for ``pod`` and the pod as stored; notes on what was assumed."""
+    notes: list[str] = []
+    meta = pod.get("metadata") or {}
+    ns = str(meta.get("namespace", ""))
+    if ns in EXEMPT_NAMESPACES:
+        return Admission(False, True, "not-called", f"namespace {ns} is never sent to the webhook"), pod, notes
+    if (meta.get("labels") or {}).get(labels.POD_OPT_OUT_LABEL) == "true":
+        return Admission(False, True, "not-called", f"the pod is labelled {labels.POD_OPT_OUT_LABEL}=true"), pod, notes
+    if cluster.namespaces is None or ns not in cluster.namespaces:
+        notes.append(f"namespace {ns}: its labels are unknown here ({cluster.source} does not include it); "
+                     f"assumed opted in ({labels.NAMESPACE_OPT_IN_LABEL}=true)")
+    elif cluster.namespaces[ns].get(labels.NAMESPACE_OPT_IN_LABEL) != "true":
+        return Admission(False, True, "not-called", f"namespace {ns} is not labelled "
+                         f"{labels.NAMESPACE_OPT_IN_LABEL}=true: the webhook is not called"), pod, notes
+    view = ClusterView(policy)
+    view.reset(cluster.nodes, cluster.pods)
+    decision = decide(admission_review(pod), view.candidates(), policy)
+    if not decision.allowed:
+        return Admission(True, False, "denied", decision.message, decision.code, list(decision.warnings)), pod, notes
+    stored: Obj = jsonpatch.apply_patch(pod, decision.patch) if decision.patch else pod
+    diff = "".join(difflib.unified_diff(_as_yaml(pod), _as_yaml(stored), "as written", "as stored"))
+    return Admission(True, True, decision.outcome, "", 200, list(decision.warnings), list(decision.patch),
+                     diff), stored, notes
+
+
+def describe_ask(demand: Demand) -> str:
+    if demand.error:
+        return demand.error
+    if not demand.gpu:
+        return "no GPU"
+    extra = []
+    if demand.products:
+        extra.append(f"product {'|'.join(demand.products)}")
+    if demand.nvlink:
+        extra.append("NVLink")
+    return f"{demand.units} x {demand.resource}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def pending_message(verdicts: list[NodeVerdict]) -> str:
+    """kube-scheduler's ``0/N nodes are available: ...``: each reason with how many nodes gave it."""
+    counts: Counter[str] = Counter()
+    for v in verdicts:
+        counts.update(v.reasons)
+    parts = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
+    return f"0/{len(verdicts)} nodes are available: {parts}."
+
+
+def _nvlink(topology: Any, gpus: list[int], demand: Demand) -> str:
+    if len(gpus) < 2:
+        return ""
+    linked = topology is not None and topology.all_nvlinked(gpus)
+    said = "all NVLink-connected" if linked else f"not all NVLink-connected ({getattr(topology, 'kind', 'pcie')})"
+    return said + (f"; {labels.ANN_TOPOLOGY} asks for NVLink" if demand.nvlink else "")
+
+
+def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
+    """Every node's verdict: kube-scheduler's own filters first, then the extender's filter, prioritize
+    and bind's choice of GPUs on the nodes that pass them."""
+    cache = Cache()
+    cache.reset_pods(cluster.pods)  # as ``gpu-tailor extender --cluster-file`` loads it
+    cache.reset_nodes(cluster.nodes)
+    by_node = intree.pods_by_node(cluster.pods)
+    verdicts: dict[str, NodeVerdict] = {}
+    passing: list[str] = []
+    for node in sorted(cluster.nodes, key=lambda n: str((n.get("metadata") or {}).get("name", ""))):
+        name = str((node.get("metadata") or {}).get("name", ""))
+        why = intree.reasons(stored, node, by_node.get(name, []))
+        verdicts[name] = NodeVerdict(name, not why, "kube-scheduler" if why else "", why)
+        if not why:
+            passing.append(name)
+    demand = demand_of(stored)
+    if not passing:
+        return list(verdicts.values()), demand
+    snap = cache.snapshot()
+    args = verbs.extender_args({"Pod": stored, "NodeNames": passing})
+    result = verbs.filter_nodes(snap, args)
+    for failures, unresolvable in ((result["FailedNodes"], False), (result["FailedAndUnresolvableNodes"], True)):
+        for name, reason in failures.items():
+            verdicts[name] = NodeVerdict(name, False, "gpu-tailor extender", [reason], unresolvable)
+    fitting = list(result["NodeNames"] or [])
+    if fitting:
+        asked = verbs.shape_asked(snap, args)
+        if asked is not None:
+            cache.observe(*asked)  # as the server does before it scores: the pod is part of the mix
+        scored = verbs.prioritize(snap, verbs.extender_args({"Pod": stored, "NodeNames": fitting}))
+        rec = pod_record(stored, demand)
+        for entry in scored:
+            name = entry["Host"]
+            v = verdicts[name]
+            v.score = int(entry["Score"])
+            plan = verbs.plan_bind(snap, rec, name)
+            if plan.error:
+                v.fits, v.by, v.reasons = False, "gpu-tailor extender", [plan.error]
+                continue
+            if plan.placement is not None and plan.placement.gpus:
+                v.gpus = list(plan.placement.gpus)
+                if plan.placement.whole:
+                    v.nvlink = _nvlink(snap.nodes[name].state.gpus.topology, v.gpus, demand)
+    return list(verdicts.values()), demand
+
+
+def explain(pod: Obj, subject: str, cluster: Cluster, policy: AdmissionPolicy) -> Explanation:
+    pod = api_defaults(pod)
+    admission, stored, notes = admit(pod, cluster, policy)
+    notes = [*cluster.notes, *notes]
+    ns = str((pod.get("metadata") or {}).get("namespace", ""))
+    scheduler = str((stored.get("spec") or {}).get("schedulerName") or KUBE_DEFAULT_SCHEDULER)
+    asked = scheduler == (policy.schedulerName or labels.GPU_TAILOR_SCHEDULER)
+    out = Explanation(subject, cluster.source, ns, admission, stored, scheduler, asked, "", [], notes=notes)
+    if not admission.allowed:
+        out.ask = describe_ask(demand_of(pod))
+        return out
+    if not asked:
+        notes.append(f"schedulerName {scheduler}: gpu-tailor's extender is not asked about this pod; the GPU "
+                     "verdicts below are what it would say")
+    out.nodes, demand = schedule(stored, cluster)
+    out.ask = describe_ask(demand)
+    fitting = [v for v in out.nodes if v.fits]
+    if fitting:
+        best = max(fitting, key=lambda v: v.score or 0)  # the first of the best, in name order
+        out.chosen, out.gpus, out.nvlink = best.node, best.gpus, best.nvlink
+        ties = [v.node for v in fitting if v.score == best.score and v is not best]
+        if ties:
+            notes.append(f"{', '.join(ties)} score{'s' if len(ties) == 1 else ''} the same as {best.node}: "
+                         "kube-scheduler's own scores (the extender's weigh 5 x 0..10) pick among them")
+    else:
+        out.pending = pending_message(out.nodes)
+    return out
+
+
+# ----- for people -----
+def _gpus(v: NodeVerdict) -> str:
+    if v.gpus is None:
+        return "-"
+    return "GPU " + ",".join(map(str, v.gpus)) + (f" ({v.nvlink})" if v.nvlink else "")
+
+
+def table(e: Explanation) -> str:
+    a = e.admission
+    lines = [f"{e.subject}, read from {e.source}", ""]
+    if not a.called:
+        lines.append(f"Admission: the gpu-tailor webhook is not called ({a.message}); the pod is stored as written")
+    elif not a.allowed:
+        lines.append(f"Admission: DENIED by the gpu-tailor webhook (HTTP {a.code}): {a.message}")
+    else:
+        lines.append("Admission: allowed by the gpu-tailor webhook" + (", rewritten" if a.outcome == "mutated" else
+                                                                      ", unchanged"))
+    lines += [f"  warning: {w}" for w in a.warnings]
+    if a.diff:
+        lines += ["", a.diff.rstrip("\n")]
+    if not a.allowed:
+        lines += [f"note: {n}" for n in e.notes]
+        return "\n".join(lines) + "\n"
+    lines += ["", f"Scheduling by {e.scheduler}: ask {e.ask}"]
+    if e.chosen:
+        lines.append(f"  would bind to {e.chosen}" + (f", {_gpus(next(v for v in e.nodes if v.node == e.chosen))}"
+                                                      if e.gpus is not None else ""))
+    else:
+        lines.append(f"  stays Pending: {e.pending}")
+    rows = [("NODE", "FITS", "SCORE", "GPUS / WHY NOT")]
+    for v in e.nodes:
+        if v.fits:
+            rows.append((v.node, "yes", str(v.score) if v.score is not None else "-", _gpus(v)))
+        else:
+            who = "kube-scheduler" if v.by == "kube-scheduler" else "extender"
+            rows.append((v.node, "no", "-", f"{who}: {'; '.join(v.reasons)}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines.append("")
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3] for r in rows]
+    if e.notes:
+        lines.append("")
+        lines += [f"note: {n}" for n in e.notes]
+    return "\n".join(lines) + "\n"
