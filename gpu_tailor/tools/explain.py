@@ -56,6 +56,7 @@ class NodeVerdict:
     score: int | None = None  # prioritize's 0..10, for the nodes that fit
     gpus: list[int] | None = None  # what bind would hand out there (None: no GPU ask, or counted only)
     nvlink: str = ""  # for several whole GPUs: whether those GPUs are all NVLink-connected
+    detail: str = ""  # for people: how much is free of what is short, or that a degraded node is scored last
 
 
 @dataclass
@@ -176,8 +177,11 @@ def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
     passing: list[str] = []
     for node in sorted(cluster.nodes, key=lambda n: str((n.get("metadata") or {}).get("name", ""))):
         name = str((node.get("metadata") or {}).get("name", ""))
-        why = intree.reasons(stored, node, by_node.get(name, []))
+        here = by_node.get(name, [])
+        why = intree.reasons(stored, node, here)
         verdicts[name] = NodeVerdict(name, not why, "kube-scheduler" if why else "", why)
+        if any(r.startswith("Insufficient ") for r in why):
+            verdicts[name].detail = "; ".join(intree.shortfalls(stored, node, here))
         if not why:
             passing.append(name)
     demand = demand_of(stored)
@@ -200,6 +204,8 @@ def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
             name = entry["Host"]
             v = verdicts[name]
             v.score = int(entry["Score"])
+            if name in snap.degraded:
+                v.detail = "degraded: scored last"
             plan = verbs.plan_bind(snap, rec, name)
             if plan.error:
                 v.fits, v.by, v.reasons = False, "gpu-tailor extender", [plan.error]
@@ -271,11 +277,12 @@ def table(e: Explanation) -> str:
         lines.append(f"  stays Pending: {e.pending}")
     rows = [("NODE", "FITS", "SCORE", "GPUS / WHY NOT")]
     for v in e.nodes:
+        detail = f" ({v.detail})" if v.detail else ""
         if v.fits:
-            rows.append((v.node, "yes", str(v.score) if v.score is not None else "-", _gpus(v)))
+            rows.append((v.node, "yes", str(v.score) if v.score is not None else "-", _gpus(v) + detail))
         else:
             who = "kube-scheduler" if v.by == "kube-scheduler" else "extender"
-            rows.append((v.node, "no", "-", f"{who}: {'; '.join(v.reasons)}"))
+            rows.append((v.node, "no", "-", f"{who}: {'; '.join(v.reasons)}{detail}"))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines.append("")
     lines += ["  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3] for r in rows]

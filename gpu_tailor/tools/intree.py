@@ -133,6 +133,29 @@ def reasons(pod: Obj, node: Obj, on_node: list[Obj]) -> list[str]:
     return out
 
 
+def _amount(resource: str, value: Fraction) -> str:
+    if resource == "memory":
+        return f"{float(value) / 2**30:.3g}Gi"
+    return f"{float(value):g}"
+
+
+def shortfalls(pod: Obj, node: Obj, on_node: list[Obj]) -> list[str]:
+    """For people, beside ``Insufficient X``: how much was asked and how much is free, of each resource short."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    used: dict[str, Fraction] = {}
+    for p in on_node:
+        for k, v in requests(p).items():
+            used[k] = used.get(k, Fraction(0)) + v
+    out = []
+    for resource, amount in requests(pod).items():
+        total = _quantity(allocatable.get(resource, "0"))
+        free = total - used.get(resource, Fraction(0))
+        if amount and amount > free:
+            out.append(f"{resource}: {_amount(resource, amount)} asked, {_amount(resource, max(free, Fraction(0)))} "
+                       f"of {_amount(resource, total)} free")
+    return out
+
+
 def pods_by_node(pods: list[Obj]) -> dict[str, list[Obj]]:
     """The pods that count on each node: bound and not finished."""
     out: dict[str, list[Obj]] = {}

@@ -50,6 +50,7 @@ def test_two_whole_gpus_on_an_nvlink_pair_and_the_degraded_node_scored_last() ->
     nodes = {v.node: v for v in said.nodes}
     assert said.nvlink == "all NVLink-connected"
     assert nodes[HGX].score == 10 and nodes["h100-degraded-0"].fits and nodes["h100-degraded-0"].score == 0
+    assert nodes["h100-degraded-0"].detail == "degraded: scored last"
     assert nodes["cpu-node-0"].by == "kube-scheduler" and nodes["cpu-node-0"].reasons == ["Insufficient nvidia.com/gpu"]
     t4 = nodes["t4-timeslice-0"]
     assert t4.by == "gpu-tailor extender" and t4.unresolvable
@@ -65,6 +66,7 @@ def test_a_pod_nothing_can_hold_gets_kube_schedulers_message() -> None:
     # kube-scheduler counts nvidia.com/gpu: the HGX board has 7 left, the degraded H100 sells 5, and four nodes
     # sell none under that name
     assert "6 Insufficient nvidia.com/gpu" in said.pending
+    assert {v.node: v.detail for v in said.nodes}[HGX] == "nvidia.com/gpu: 8 asked, 7 of 8 free"
     assert "1 node sells nvidia.com/gpu as shared:mps:10: 8 units would be 8 slices or replicas, not 8 GPUs" \
         in said.pending
     assert "stays Pending: 0/9 nodes are available" in table(said)

@@ -59,3 +59,11 @@ CASES = [
 @pytest.mark.parametrize(("p", "n", "on_node", "expected"), CASES)
 def test_reasons(p: Obj, n: Obj, on_node: list[Obj], expected: list[str]) -> None:
     assert reasons(p, n, on_node) == expected
+
+
+def test_shortfalls_say_how_much_is_free() -> None:
+    from gpu_tailor.tools.intree import shortfalls
+
+    bound = [pod("q", {"nvidia.com/gpu": "1"}, node="n1", cpu="7500m")]
+    assert shortfalls(pod("p", {"nvidia.com/gpu": "2"}, cpu="1"), node(), bound) == [
+        "cpu: 1 asked, 0.5 of 8 free", "nvidia.com/gpu: 2 asked, 1 of 2 free"]
