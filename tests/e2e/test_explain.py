@@ -136,3 +136,17 @@ def test_capacity_live_from_a_dump_and_as_a_kubectl_plugin(cluster: Stack, pods:
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["pools"] == live["pools"]
+    # and explain, with the context named as kubectl users name it
+    context = yaml.safe_load(cluster.cp.kubeconfig.read_text())["current-context"]
+    manifest = tmp_path / "quarter.yaml"
+    manifest.write_text(yaml.safe_dump(gpu_pod("quarter", {"gpu-tailor.io/gpu-milli": "250"})))
+    direct = json.loads(gpu_tailor("explain", "-f", str(manifest), "--kubeconfig", str(cluster.cp.kubeconfig),
+                                   "-n", cluster.opted_in, "-o", "json"))
+    proc = subprocess.run([str(cluster.cp.bin / "kubectl"), "gpu-tailor", "explain", "-f", str(manifest), "-n",
+                           cluster.opted_in, "--context", context, "-o", "json"], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    plugin = json.loads(proc.stdout)
+    assert plugin["source"] == f"kubeconfig {cluster.cp.kubeconfig}, context {context}"
+    assert (plugin["chosen"], plugin["gpus"], plugin["stored"]) == (direct["chosen"], direct["gpus"], direct["stored"])
+    assert not plugin["notes"]  # the namespace's labels were read: opted in, nothing assumed
