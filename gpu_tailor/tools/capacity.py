@@ -66,7 +66,10 @@ class Report:
         return asdict(self)
 
 
-def pool_of(labels: dict[str, str]) -> str:
+def pool_of(labels: dict[str, str], label: str | None = None) -> str:
+    """The node's pool: the value of ``label`` when given, else of the first cloud pool label it carries."""
+    if label:
+        return labels.get(label, "-")
     return next((labels[k] for k in POOL_LABELS if k in labels), "-")
 
 
@@ -140,7 +143,7 @@ def _fragmentation(infos: list[NodeInfo], mix: Mix) -> float:
     return FgdPolicy(fleet, mix=mix).fragmentation() / MILLI
 
 
-def capacity(cluster: Cluster, cpu_milli: int = 1000, memory_mib: int = 4096) -> Report:
+def capacity(cluster: Cluster, cpu_milli: int = 1000, memory_mib: int = 4096, pool_label: str | None = None) -> Report:
     cache = Cache()
     cache.reset_pods(cluster.pods)
     cache.reset_nodes(cluster.nodes)
@@ -163,7 +166,7 @@ def capacity(cluster: Cluster, cpu_milli: int = 1000, memory_mib: int = 4096) ->
         if inv.unschedulable:
             problems.append({"node": inv.name, "state": "cordoned", "reason": "spec.unschedulable: true"})
         if inv.has_gpus:
-            groups.setdefault((pool_of(inv.labels), _model(info)), []).append(info)
+            groups.setdefault((pool_of(inv.labels, pool_label), _model(info)), []).append(info)
     pools: list[Pool] = []
     totals: dict[str, int] = {s.name: 0 for s in shapes}
     for (pool_name, product), members in sorted(groups.items()):

@@ -82,7 +82,7 @@ def run_capacity(args: argparse.Namespace, prog: str = "gpu-tailor capacity") ->
         print(f"{prog}: --cpu/--memory: {exc}", file=sys.stderr)
         return 2
     try:
-        report = capacity.capacity(_cluster(args, None), cpu, memory)
+        report = capacity.capacity(_cluster(args, None), cpu, memory, args.pool_label)
     except SourceError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
@@ -113,6 +113,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                                     "pods of each common shape fit now, and nodes that are degraded or initializing.")
     ca.add_argument("--cpu", default="1", help="CPU each counted pod also asks for (default 1)")
     ca.add_argument("--memory", default="4Gi", help="memory each counted pod also asks for (default 4Gi)")
+    ca.add_argument("--pool-label", metavar="LABEL",
+                    help="node label that names a pool (default: the GKE, AKS, EKS or Karpenter pool label)")
     ca.add_argument("--plot", metavar="FILE.png", help="also draw the pools (needs: pip install 'gpu-tailor[plot]')")
     add_source(ca)
 

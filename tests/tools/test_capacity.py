@@ -71,3 +71,8 @@ def test_gpus_beside_too_little_cpu_are_stranded() -> None:
     ({"eks.amazonaws.com/nodegroup": "c"}, "c"), ({}, "-")])
 def test_node_pools_by_cloud_label(labels: dict[str, str], pool: str) -> None:
     assert pool_of(labels) == pool
+
+
+def test_pools_by_a_label_of_ones_own() -> None:
+    r = capacity(fixture_cluster(), pool_label="topology.kubernetes.io/region")
+    assert {(p.pool, p.product) for p in r.pools} >= {("eastus", "H100"), ("us-east-1", "V100")}
