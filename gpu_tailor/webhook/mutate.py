@@ -62,7 +62,9 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
     if ask.errors:
         return _deny("; ".join(_where(e.container) + e.message for e in ask.errors), 422)
     owned = guard.on_create(annotations, ask)
-    if not ask.has_gpu and not owned.drop:
+    # containers whose GPU requests and limits disagree, zero units included (requests 1, limits 0)
+    unequal = [c for c in ask.containers if c.mismatches or c.missing_limits]
+    if not ask.has_gpu and not owned.drop and not unequal:
         return Decision(allowed=True)
 
     try:
@@ -75,12 +77,12 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
         for key in owned.drop:
             kept.pop(key)
             warnings.append(guard.why_removed(key))
-    if not ask.has_gpu:
-        return _allow(obj, pod, warnings, "none")
-    for container in ask.gpu_containers:
+    for container in unequal:
         denial = _requests_equal_limits(pod, container, policy)
         if denial:
             return _deny(denial, 422)
+    if not ask.has_gpu:
+        return _allow(obj, pod, warnings, "none")
     isolation = ask.isolation if labels.ANN_ISOLATION in annotations else policy.defaultIsolation
 
     for resource, units in ask.effective_native.items():
@@ -134,7 +136,7 @@ def _update(request: dict[str, Any]) -> Decision:
     changed = guard.changed(*both)
     user = request.get("userInfo")
     username = user.get("username") if isinstance(user, dict) else None
-    if changed and username not in guard.ANNOTATION_WRITERS:
+    if changed and not (isinstance(username, str) and username in guard.ANNOTATION_WRITERS):
         return _deny(f"annotations {', '.join(changed)} cannot be changed once the pod exists: gpu-tailor reads "
                      f"them at creation ({labels.ANN_ISOLATION}, {labels.ANN_TOPOLOGY}, {labels.ANN_GPU_PRODUCT}) "
                      f"or writes them itself ({', '.join(guard.OUTPUT_ANNOTATIONS)}); create a new pod instead")

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from gpu_tailor.certs.authority import Names
 from gpu_tailor.serving import CertReloader, add_probes
-from gpu_tailor.webhook.mutate import decide
+from gpu_tailor.webhook.mutate import Decision, decide
 from gpu_tailor.webhook.state import ACTIVE_PODS, ClusterView
 from gpu_tailor.webhook.wire import AdmissionReview, response
 
@@ -48,9 +48,21 @@ VIEW = web.AppKey("view", ClusterView)
 METRICS = web.AppKey("metrics", Metrics)
 
 
-async def mutate(request: web.Request) -> web.Response:
-    started = time.perf_counter()
-    body = await request.read()  # over client_max_size: aiohttp answers 413 itself
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What ``/mutate`` sends back for a body: an HTTP status, the JSON, and the decision if one was made."""
+
+    status: int
+    body: bytes
+    decision: Decision | None = None
+
+
+def answer(body: bytes, view: ClusterView) -> Answer:
+    """The whole of ``/mutate`` but the HTTP: parse and validate the review, decide, serialise.
+
+    A body that is not an AdmissionReview v1 is a 400 with the reason; anything else is an
+    AdmissionReview answer (a pod that cannot be read is a denial with code 400 inside it).
+    """
     # orjson, then the envelope validated on the parsed dict: the Pod stays the parsed dict (``object``
     # is Any), and decide reads that dict itself rather than a model_dump copy of it
     try:
@@ -62,16 +74,23 @@ async def mutate(request: web.Request) -> web.Response:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         return _bad_request(f"{where}: {first['msg']}")
-    view = request.app[VIEW]
     decision = decide(raw["request"], view.candidates(), view.policy)
-    metrics = request.app[METRICS]
-    metrics.reviews.labels(decision.outcome, decision.backing).inc()
-    metrics.latency.observe(time.perf_counter() - started)
-    return web.Response(body=orjson.dumps(response(review.request.uid, decision)), content_type="application/json")
+    return Answer(200, orjson.dumps(response(review.request.uid, decision)), decision)
 
 
-def _bad_request(why: str) -> web.Response:
-    return web.json_response({"error": f"not an AdmissionReview v1: {why}"}, status=400)
+async def mutate(request: web.Request) -> web.Response:
+    started = time.perf_counter()
+    body = await request.read()  # over client_max_size: aiohttp answers 413 itself
+    out = answer(body, request.app[VIEW])
+    if out.decision is not None:
+        metrics = request.app[METRICS]
+        metrics.reviews.labels(out.decision.outcome, out.decision.backing).inc()
+        metrics.latency.observe(time.perf_counter() - started)
+    return web.Response(body=out.body, status=out.status, content_type="application/json")
+
+
+def _bad_request(why: str) -> Answer:
+    return Answer(400, orjson.dumps({"error": f"not an AdmissionReview v1: {why}"}))
 
 
 def make_app(view: ClusterView) -> web.Application:

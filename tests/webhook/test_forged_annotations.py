@@ -153,6 +153,16 @@ def test_update_leaving_them_alone_is_allowed_untouched(old: dict[str, str] | No
     assert d.allowed and d.patch == []
 
 
+@pytest.mark.parametrize("user", [{"username": {"a": 1}}, {"username": ["x"]}, "alice", None, {}],
+                         ids=["username-object", "username-list", "userinfo-string", "userinfo-null", "no-username"])
+def test_update_from_a_malformed_user_is_refused_not_a_crash(user: Any) -> None:
+    # found by tests/webhook/test_fuzz_webhook.py: an unhashable username raised inside the set lookup
+    request = update({}, {labels.ANN_GPUS: "0"})
+    request["userInfo"] = user
+    d = answer(request)
+    assert (d.allowed, d.code) == (False, 403)
+
+
 def test_update_with_malformed_annotations_is_400() -> None:
     request = update({}, {})
     request["object"]["metadata"]["annotations"] = ["x"]
