@@ -59,8 +59,6 @@ class ClusterView:
             self.nodes[name] = from_node(node)
         self._cache = None
 
-    apply = apply_node  # the node watch's on_event, under its old name
-
     def reset_pods(self, pods: list[dict[str, Any]]) -> None:
         self.held = {}
         self.used = {}
