@@ -11,11 +11,13 @@ from __future__ import annotations
 import copy
 import json
 import os
+import signal
+import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -46,6 +48,8 @@ class ControlPlane:
         self.logs = home / "run" / "logs"
         self.kubeconfig = home / "kubeconfig"
         self.bin = home / "bin"
+        self.pki = home / "pki"
+        self.relaunched: list[tuple[subprocess.Popen[bytes], IO[bytes]]] = []
 
     def _run(self, *args: str, env: dict[str, str] | None = None, timeout: float = 180) -> str:
         proc = subprocess.run(["bash", str(self.script), *args], env=env or self.env, capture_output=True,
@@ -65,7 +69,47 @@ class ControlPlane:
         self._run("up")
 
     def down(self) -> None:
-        self._run("down", env={**self.env, "WIPE": "1"}, timeout=60)
+        try:
+            self._run("down", env={**self.env, "WIPE": "1"}, timeout=60)
+        finally:
+            for proc, log in self.relaunched:  # components a test started again: stopped by `down` above
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait(timeout=30)
+                log.close()
+            self.relaunched.clear()
+
+    def _pid_file(self, component: str) -> Path:
+        return self.home / "run" / "pids" / f"{component}.pid"
+
+    def crash(self, component: str, port: int | None = None) -> list[str]:
+        """SIGKILL one component (``kube-apiserver``, ``etcd`` ...), as a crash or an OOM kill would, and wait
+        until it is gone and ``port`` is free again; its command line, to ``relaunch`` it with."""
+        pid = int(self._pid_file(component).read_text())
+        argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
+        assert argv and Path(argv[0]).name == component, f"pid {pid} is not {component}: {argv}"
+        os.kill(pid, signal.SIGKILL)
+        # The thread-group leader shows as a zombie while its other threads still hold the listener.
+        wait_for(lambda: not _running(pid) and (port is None or not _listening(port)), 30,
+                 f"{component} ({pid}) to exit after SIGKILL and free its port")
+        return argv
+
+    def relaunch(self, component: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        """Start a component again with ``argv``, logging where ``up`` logged it; ``down`` stops it."""
+        log = (self.logs / f"{component}.log").open("ab")
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.relaunched.append((proc, log))
+        self._pid_file(component).write_text(f"{proc.pid}\n")
+        return proc
+
+    @property
+    def api_port(self) -> int:
+        return int(self.env["K8S_API_PORT"])
+
+    def tail(self, component: str, lines: int = 20) -> str:
+        text = (self.logs / f"{component}.log").read_text(errors="replace").splitlines()[-lines:]
+        return f"--- {component}: last {lines} lines\n" + "\n".join(text)
 
     def kubectl(self, *args: str) -> str:
         proc = subprocess.run([str(self.bin / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
@@ -73,6 +117,23 @@ class ControlPlane:
         if proc.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
         return proc.stdout
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (what control-plane.sh started was reparented: nobody here reaps it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def write_overlay(overlay: Path, webhook_url: str) -> None:

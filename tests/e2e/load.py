@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.e2e.kube import ApiError, api_path, wait_for
+from tests.e2e.kube import ApiError, Kube, Obj, api_path, wait_for
 from tests.e2e.pods import gpu_pod, limits_of, unique
 from tests.e2e.services import Stack
 
@@ -64,3 +65,72 @@ class Creates:
             self.stop.set()
             for t in threads:
                 t.join(timeout=30)
+
+
+class Burst:
+    """Real pod creates through the webhook from a few threads, that ride out an API server going away:
+    a create the API server did not answer is sent again once ``/readyz`` answers, and a 409 on a retry
+    means the first try got through. Any other refusal is kept in ``failures``."""
+
+    def __init__(self, kube: Kube, namespace: str, pods: list[Obj], threads: int = 4) -> None:
+        self.kube, self.namespace, self.threads = kube, namespace, threads
+        self.todo = list(pods)
+        self.created = 0
+        self.retries = 0
+        self.failures: list[str] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def _next(self) -> Obj | None:
+        with self.lock:
+            return self.todo.pop(0) if self.todo and not self.stop.is_set() else None
+
+    def _api_ready(self) -> bool:
+        return bool(self.kube.request("GET", "/readyz"))
+
+    def _create(self, pod: Obj) -> None:
+        path = api_path("pods", self.namespace)
+        retried = False
+        while not self.stop.is_set():
+            try:
+                self.kube.create(path, pod)
+            except ApiError as exc:
+                if exc.status == 409 and retried:
+                    break  # an earlier try was stored before its answer was lost
+                if exc.status < 500 and exc.status != 429:
+                    with self.lock:
+                        self.failures.append(f"{pod['metadata']['name']}: {exc.status}: {exc.message}")
+                    return
+            except (OSError, http.client.HTTPException):
+                pass
+            else:
+                break
+            retried = True
+            with self.lock:
+                self.retries += 1
+            wait_for(self._api_ready, 120, "the API server to answer /readyz again")
+        with self.lock:
+            self.created += 1
+
+    def _run(self) -> None:
+        while (pod := self._next()) is not None:
+            self._create(pod)
+
+    def count(self) -> int:
+        with self.lock:
+            return self.created
+
+    def wait_created(self, n: int, timeout: float = 180) -> None:
+        wait_for(lambda: self.count() >= n, timeout, f"{n} pods created ({self.count()} so far)", interval=0.2)
+
+    @contextmanager
+    def running(self) -> Iterator[Burst]:
+        threads = [threading.Thread(target=self._run, daemon=True) for _ in range(self.threads)]
+        for t in threads:
+            t.start()
+        try:
+            yield self
+        finally:
+            self.stop.set()
+            for t in threads:
+                t.join(timeout=60)

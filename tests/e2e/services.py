@@ -79,6 +79,10 @@ class Service:
         except OSError:  # refused while starting, or 503 until synced (HTTPError is an OSError)
             return False
 
+    def ready(self) -> bool:
+        """Running and answering its ready URL with 200."""
+        return self.alive and self._ready()
+
     def kill(self) -> None:
         """SIGKILL: a crash, no chance to clean up."""
         self._end(signal.SIGKILL)
@@ -180,6 +184,11 @@ def _replace(argv: list[str], flag: str, new: list[str], takes_value: bool = Tru
         if arg == flag:
             return [*argv[:i], *new, *argv[i + 2 if takes_value else i + 1:]]
     raise AssertionError(f"{flag} not in the rendered arguments {argv}")
+
+
+def replace_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """``argv`` with ``flag VALUE`` (or ``flag=VALUE``) given another value; the flag must be there."""
+    return _replace(argv, flag, [flag, value])
 
 
 def webhook_tls_args(argv: list[str]) -> list[str]:
