@@ -55,11 +55,6 @@ class Access:
         return f"{self.verb} {self.group or 'core'}/{self.resource}"
 
 
-# Grants no code calls that the manifests still carry, each to be taken out by the owner of its file;
-# listed so that any other extra grant fails, and so that this fails once it is gone (then drop it here).
-NOT_CALLED_YET = {"webhook": {Access("", "nodes", "get")}}  # manifests/webhook/rbac.yaml, gpu-tailor-webhook
-
-
 # ----- the calls, from the code -----
 def modules() -> dict[str, Path]:
     """gpu_tailor's modules by dotted name."""
@@ -296,7 +291,7 @@ def test_each_service_account_is_granted_exactly_what_its_code_calls(service: st
     have = {g.access for g in granted}
     assert not needed - have, f"{account} lacks: {sorted(map(str, needed - have))}"
     extra = have - needed
-    assert extra == NOT_CALLED_YET.get(service, set()), \
+    assert not extra, \
         f"{account} is granted what no code of {service} calls: {sorted(map(str, extra))}"
 
 

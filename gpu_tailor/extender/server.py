@@ -20,19 +20,19 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
 
 from gpu_tailor.extender import verbs
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.records import PodProjector, pod_record
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.inventory import node_fields
+from gpu_tailor.kube.freshness import Staleness
 from gpu_tailor.serving import add_probes
 
 log = logging.getLogger(__name__)
@@ -80,21 +80,6 @@ class Metrics:
         self.latency = Histogram("gpu_tailor_extender_seconds", "Extender request latency", ["verb"],
                                  buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0),
                                  registry=self.registry)
-
-
-class WatchStaleness:
-    """``gpu_tailor_extender_watch_staleness_seconds{resource}``: seconds since each watch last heard
-    from the API server (+Inf before its first list). Readiness fails past ``STALE_AFTER``."""
-
-    def __init__(self, cache: Cache) -> None:
-        self.cache = cache
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily("gpu_tailor_extender_watch_staleness_seconds",
-                                   "Seconds since the API server was last heard from, per watch", labels=["resource"])
-        for resource, fresh in sorted(self.cache.freshness.items()):
-            family.add_metric([resource], fresh.staleness())
-        yield family
 
 
 class BinderSlot:
@@ -221,7 +206,7 @@ def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT
     app = web.Application(client_max_size=max_body)
     app[CACHE] = cache
     app[METRICS] = Metrics()
-    app[METRICS].registry.register(WatchStaleness(cache))
+    app[METRICS].registry.register(Staleness("gpu_tailor_extender_watch_staleness_seconds", cache.freshness))
     app[BINDER] = BinderSlot(binder)
     app.router.add_post("/filter", _verb("filter", _filter))
     app.router.add_post("/prioritize", _verb("prioritize", _prioritize))

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client.core import GaugeMetricFamily
 
 WATCH_WINDOW = 60  # seconds the API server keeps one watch open before it ends it (timeoutSeconds)
 QUIET_GRACE = 15  # beyond the window: a stream silent this much longer is broken, and is dropped
@@ -31,3 +33,18 @@ class Freshness:
 
     def fresh(self, limit: float = STALE_AFTER) -> bool:
         return self.staleness() <= limit
+
+
+class Staleness:
+    """A Prometheus collector: ``<name>{resource}``, the seconds since each watch of ``watches`` last
+    heard from the API server (+Inf before its first list)."""
+
+    def __init__(self, name: str, watches: Mapping[str, Freshness]) -> None:
+        self.name, self.watches = name, watches
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self.name, "Seconds since the API server was last heard from, per watch",
+                                   labels=["resource"])
+        for resource, fresh in sorted(self.watches.items()):
+            family.add_metric([resource], fresh.staleness())
+        yield family

@@ -24,6 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import ValidationError
 
 from gpu_tailor.certs.authority import Names
+from gpu_tailor.gpumodel.inventory import node_fields
+from gpu_tailor.kube.freshness import Freshness, Staleness
 from gpu_tailor.serving import CertReloader, add_probes
 from gpu_tailor.webhook.mutate import Decision, decide
 from gpu_tailor.webhook.state import ACTIVE_PODS, ClusterView
@@ -97,8 +99,10 @@ def make_app(view: ClusterView) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
     app[VIEW] = view
     app[METRICS] = Metrics()
+    app[METRICS].registry.register(Staleness("gpu_tailor_webhook_watch_staleness_seconds", view.freshness))
     app.router.add_post("/mutate", mutate)
-    add_probes(app, lambda a: a[VIEW].ready, "nodes and pods not synced yet", lambda a: a[METRICS].registry)
+    add_probes(app, lambda a: a[VIEW].ready, "nodes and pods not synced yet, or a watch has gone quiet",
+               lambda a: a[METRICS].registry)
     return app
 
 
@@ -137,8 +141,11 @@ def watches(api: Any, view: ClusterView) -> list[Coroutine[Any, Any, None]]:
 
     core = client.CoreV1Api(api)
     pods = functools.partial(core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
-    return [list_and_watch(core.list_node, view.reset_nodes, view.apply_node),
-            list_and_watch(pods, view.reset_pods, view.apply_pod)]
+    fresh_nodes = view.freshness["nodes"] = Freshness()
+    fresh_pods = view.freshness["pods"] = Freshness()
+    return [list_and_watch(core.list_node, view.reset_nodes, view.apply_node, project=node_fields,
+                           freshness=fresh_nodes),
+            list_and_watch(pods, view.reset_pods, view.apply_pod, freshness=fresh_pods)]
 
 
 def watch_ctx(kubeconfig: str | None, in_cluster: bool, kept: KeptCerts | None = None) -> Any:

@@ -17,6 +17,7 @@ from gpu_tailor.gpumodel import catalog
 from gpu_tailor.gpumodel.ask import from_pod
 from gpu_tailor.gpumodel.catalog import Candidate, from_inventories
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
+from gpu_tailor.kube.freshness import Freshness
 from gpu_tailor.webhook.config import AdmissionPolicy, DeclaredOffering
 
 # The pods that can hold GPUs: what the pod list and watch ask the API server for. A pod that finishes
@@ -34,12 +35,14 @@ class ClusterView:
         self.held: dict[str, Held] = {}  # pod (uid, else namespace/name) -> what it holds where
         self.nodes_synced = False
         self.pods_synced = False
+        self.freshness: dict[str, Freshness] = {}  # per watched resource, when watches keep the view
         self._cache: list[Candidate] | None = None
         self._declared = [declared_candidate(o) for o in policy.offerings]
 
     @property
     def ready(self) -> bool:
-        return self.nodes_synced and self.pods_synced
+        """Listed once, and no watch gone quiet for longer than the API server would keep it open."""
+        return self.nodes_synced and self.pods_synced and all(f.fresh() for f in self.freshness.values())
 
     def reset(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None) -> None:
         """Both halves at once (``--cluster-file``, tests)."""
