@@ -196,10 +196,35 @@ async def _bind(request: web.Request, body: Any) -> Any:
     try:
         await binder.bind(args.namespace, args.name, args.uid, args.node, plan.gpus)
     except Exception as exc:
+        bound = await _bound_anyway(binder, args)
+        if bound:  # the API server did it and its answer was lost (a cut connection, a restart)
+            log.warning("%s: %s, but the pod is bound there: taken as done", failed, exc)
+            cache.finish_binding(rec.key, rec.uid)
+            return {"Error": ""}
+        if bound is None:  # nobody can tell: its GPUs stay held until the watch shows the pod or the deadline
+            cache.finish_binding(rec.key, rec.uid)
+            return {"Error": f"{failed}: {exc} (whether it is bound is not known yet: its GPUs stay counted "
+                             "until the API shows the pod)"}
         cache.forget(rec.key, rec.uid)
         return {"Error": f"{failed}: {exc}"}
     cache.finish_binding(rec.key, rec.uid)  # from now on, the watch has ``ttl`` seconds to show it
     return {"Error": ""}
+
+
+async def _bound_anyway(binder: Binder, args: verbs.BindArgs) -> bool | None:
+    """After a Binding failed: whether the pod is bound to that node all the same (an answer lost
+    after the API server acted), read back from the API; None when the API cannot say now.
+
+    Taking a lost answer for a refusal would free the pod's GPUs while it runs there, and kube-scheduler
+    would forget it too: with the watch lagging, the next pods would get the same GPUs."""
+    try:
+        pod = await binder.read_pod(args.namespace, args.name)
+    except Exception:
+        return None
+    if pod is None:
+        return False
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    return (not args.uid or meta.get("uid") == args.uid) and spec.get("nodeName") == args.node
 
 
 def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT_MAX_BODY) -> web.Application:
