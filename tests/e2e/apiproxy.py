@@ -113,6 +113,7 @@ class ApiProxy:
         self._lock = threading.Lock()
         self.log: list[Request] = []  # every request, in order
         self.gone: list[Request] = []  # watches answered with 410 Gone
+        self.gone_at: list[int] = []  # how many requests ``log`` held when each was answered
         self.dropped: list[Request] = []  # requests the API server answered and whose answer was cut
         self.notes: list[str] = []  # what happened to each request, for a failing test's message
 
@@ -270,6 +271,7 @@ class ApiProxy:
                 conn.request = req
                 with self._lock:
                     self.gone.append(req)
+                    self.gone_at.append(len(self.log))
                 self._note(f"answered 410 Gone: {req}")
                 conn.client.write(expired_watch(req.query))
                 await conn.client.drain()

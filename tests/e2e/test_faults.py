@@ -298,12 +298,14 @@ def test_extender_watches_cut_mid_stream_and_410_gone(cluster: Stack, group: Cal
         g.create(g.pod(f"c{i}", node=second))
     on_second = [p for p in wait_bound(cluster, g.ns, g.selector, 16) if bound(p) == second]
 
-    # The pod watch cut again, and the watch that resumes it answered 410 Gone, as the API server answers
-    # one whose resourceVersion fell out of its window: the extender must relist.
+    # The pod watch cut again; the extender lists (or not) and watches again, and that watch waits while
+    # pods are deleted, then is answered 410 Gone, as the API server answers a watch whose resourceVersion
+    # fell out of its window: the extender must start over from a fresh list to learn of the deletions.
     mark = proxy.count()
-    proxy.hold(pods_list_or_watch)
+    proxy.hold(pods_watch)
     proxy.expire_next(pods_watch)
     assert proxy.cut(pods_watch), "no pod watch to cut"
+    proxy.wait_seen(pods_watch, mark, "the extender to watch pods again", context=context)
     g.delete_pods([p["metadata"]["name"] for p in on_second[:4]])
     proxy.release()
     gone = wait_for(lambda: proxy.gone, 60, "a resumed pod watch answered 410 Gone", context=context)
@@ -314,7 +316,8 @@ def test_extender_watches_cut_mid_stream_and_410_gone(cluster: Stack, group: Cal
     for i in range(4):
         g.create(g.pod(f"d{i}", node=second))
     wait_bound(cluster, g.ns, g.selector, 16)
-    assert "410" in extender.tail(200)
+    relists = proxy.seen(lambda r: r.lists("pods") and not r.watch, after=proxy.gone_at[0])
+    assert relists, f"no pod list after the 410: the extender did not start over\n{context()}"
     assert_sound(cluster, g.ns, g.selector, 16, services=[cluster.webhook, extender])
 
 
