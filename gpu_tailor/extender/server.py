@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpu_tailor.extender import verbs
 from gpu_tailor.extender.cache import Cache
-from gpu_tailor.extender.records import PodProjector, pod_record
+from gpu_tailor.extender.records import PodProjector, PodRecord, pod_record
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.inventory import node_fields
 from gpu_tailor.kube.freshness import Staleness
@@ -196,35 +196,37 @@ async def _bind(request: web.Request, body: Any) -> Any:
     try:
         await binder.bind(args.namespace, args.name, args.uid, args.node, plan.gpus)
     except Exception as exc:
-        bound = await _bound_anyway(binder, args)
-        if bound:  # the API server did it and its answer was lost (a cut connection, a restart)
-            log.warning("%s: %s, but the pod is bound there: taken as done", failed, exc)
-            cache.finish_binding(rec.key, rec.uid)
-            return {"Error": ""}
-        if bound is None:  # nobody can tell: its GPUs stay held until the watch shows the pod or the deadline
-            cache.finish_binding(rec.key, rec.uid)
-            return {"Error": f"{failed}: {exc} (whether it is bound is not known yet: its GPUs stay counted "
-                             "until the API shows the pod)"}
-        cache.forget(rec.key, rec.uid)
-        return {"Error": f"{failed}: {exc}"}
+        return await _after_failed_binding(cache, binder, args, rec, f"{failed}: {exc}")
     cache.finish_binding(rec.key, rec.uid)  # from now on, the watch has ``ttl`` seconds to show it
     return {"Error": ""}
 
 
-async def _bound_anyway(binder: Binder, args: verbs.BindArgs) -> bool | None:
-    """After a Binding failed: whether the pod is bound to that node all the same (an answer lost
-    after the API server acted), read back from the API; None when the API cannot say now.
+async def _after_failed_binding(cache: Cache, binder: Binder, args: verbs.BindArgs, rec: PodRecord,
+                                error: str) -> dict[str, str]:
+    """A Binding failed: the pod is read back before anything is freed.
 
-    Taking a lost answer for a refusal would free the pod's GPUs while it runs there, and kube-scheduler
-    would forget it too: with the watch lagging, the next pods would get the same GPUs."""
+    Taking a lost answer (a cut connection, an API server restart, after the API server acted) for a
+    refusal would free the pod's GPUs while it runs, and kube-scheduler would forget it too: with the
+    watch lagging, the next pods would get the same GPUs. So: bound where we bound it -> done; bound
+    elsewhere (a retry of a pod whose first Binding went through: 409 already assigned) -> counted
+    there as the API shows it, its annotation naming its GPUs; not bound, or gone -> refused; the API
+    cannot say -> refused to kube-scheduler, but its GPUs stay counted until the watch shows the pod
+    or the assumption's deadline passes."""
     try:
         pod = await binder.read_pod(args.namespace, args.name)
     except Exception:
-        return None
-    if pod is None:
-        return False
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    return (not args.uid or meta.get("uid") == args.uid) and spec.get("nodeName") == args.node
+        cache.finish_binding(rec.key, rec.uid)
+        return {"Error": f"{error} (whether it is bound is not known yet: its GPUs stay counted until the API "
+                         "shows the pod)"}
+    meta, spec = (pod or {}).get("metadata") or {}, (pod or {}).get("spec") or {}
+    if pod is None or (args.uid and meta.get("uid") != args.uid) or not spec.get("nodeName"):
+        cache.forget(rec.key, rec.uid)
+        return {"Error": error}
+    cache.apply_pod("MODIFIED", pod)  # bound: as the API shows it, as the watch soon will
+    if spec.get("nodeName") == args.node:
+        log.warning("%s, but the pod is bound there: taken as done", error)
+        return {"Error": ""}
+    return {"Error": f"{error} (the pod is bound to {spec.get('nodeName')})"}
 
 
 def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT_MAX_BODY) -> web.Application:

@@ -12,15 +12,18 @@ import aiohttp
 import pytest
 
 from gpu_tailor.extender.cache import Cache
+from gpu_tailor.gpumodel import labels
 from tests.extender.builders import args, cluster, pod_of
 
 HGX = "h100-hgx-0"
+ELSEWHERE = "h100-degraded-0"
 KEY = "gpu-jobs/train-gpu4"
 
 
 class LostAnswer:
     """Binds (the pod is bound afterwards, as the API server would have it), then the answer is lost.
-    ``read``: what reading the pod back gives: "bound", "pending", "gone", or "down" (raises)."""
+    ``read``: what reading the pod back gives: "bound" (where bind put it), "elsewhere", "pending",
+    "gone", or "down" (raises)."""
 
     def __init__(self, read: str) -> None:
         self.read = read
@@ -40,6 +43,9 @@ class LostAnswer:
         pod["metadata"]["uid"] = body["PodUID"]
         if self.read == "bound":
             pod["spec"]["nodeName"] = body["Node"]
+        if self.read == "elsewhere":  # its first Binding went through; this one is kube-scheduler's retry
+            pod["spec"]["nodeName"] = ELSEWHERE
+            pod["metadata"]["annotations"] = {labels.ANN_GPUS: "4,5,6,7"}
         return pod
 
 
@@ -47,21 +53,34 @@ def held(cache: Cache) -> list[int]:
     return [i for i in range(8) if i not in cache.snapshot().nodes[HGX].state.gpus.free_whole()]
 
 
-@pytest.mark.parametrize(("read", "answer", "assumed"), [
-    pytest.param("bound", "", True, id="bound-anyway-is-done"),
-    pytest.param("down", "not known yet", True, id="unknown-keeps-the-gpus-counted"),
-    pytest.param("pending", "Server disconnected", False, id="not-bound-is-refused"),
-    pytest.param("gone", "Server disconnected", False, id="gone-is-refused"),
+@pytest.mark.parametrize(("read", "answer", "state"), [
+    pytest.param("bound", "", "confirmed", id="bound-anyway-is-done"),
+    pytest.param("down", "not known yet", "assumed", id="unknown-keeps-the-gpus-counted"),
+    pytest.param("pending", "Server disconnected", "pending", id="not-bound-is-refused"),
+    pytest.param("gone", "Server disconnected", "pending", id="gone-is-refused"),
 ])
 async def test_a_lost_binding_answer_is_read_back_before_the_gpus_are_freed(
-        client_for: Any, read: str, answer: str, assumed: bool) -> None:
+        client_for: Any, read: str, answer: str, state: str) -> None:
     cache = cluster()
     binder = LostAnswer(read)
     client = await client_for(cache, binder)
     out = await (await client.post("/bind", json=args("bind-pod-gpu4"))).json()
     assert binder.reads == 1
     assert (out["Error"] == "") if not answer else (answer in out["Error"])
-    assert (KEY in cache.assumed) is assumed
-    assert len(held(cache)) == (4 if assumed else 0)
-    if assumed:
-        assert cache.pods[KEY].deadline != float("inf")  # and the assumption expires unless the watch shows it
+    rec = cache.pods[KEY]
+    assert (rec.node, rec.assumed) == {"confirmed": (HGX, False), "assumed": (HGX, True), "pending": ("", False)}[state]
+    assert len(held(cache)) == (0 if state == "pending" else 4)
+    if state == "assumed":
+        assert rec.deadline != float("inf")  # and the assumption expires unless the watch shows the pod
+
+
+async def test_a_retry_refused_because_the_first_binding_went_through_counts_the_pod_where_it_is(
+        client_for: Any) -> None:
+    cache = cluster()
+    client = await client_for(cache, LostAnswer("elsewhere"))
+    out = await (await client.post("/bind", json=args("bind-pod-gpu4"))).json()
+    assert f"bound to {ELSEWHERE}" in out["Error"]
+    rec = cache.pods[KEY]
+    assert rec.node == ELSEWHERE and not rec.assumed and rec.placement is not None
+    assert rec.placement.gpus == (4, 5, 6, 7)  # its annotation, written by the Binding that went through
+    assert held(cache) == []
