@@ -189,6 +189,18 @@ async def _bind(request: web.Request, body: Any) -> Any:
         rec = cache.pending(args.key, args.uid) or pod_record(pod)  # the watch may have caught up meanwhile
         if args.uid and rec.uid != args.uid:
             return {"Error": f"{failed}: the pod was replaced (uid {rec.uid}, not {args.uid})"}
+    if rec.assumed and rec.node and rec.node != args.node:
+        # kube-scheduler retries a pod whose earlier Binding (to rec.node) we could not confirm: if that
+        # one went through, moving the assumption now would free its GPUs while it runs there
+        try:
+            pod = await binder.read_pod(args.namespace, args.name)
+        except Exception as exc:
+            return {"Error": f"{failed}: whether its Binding to {rec.node} went through is not known yet ({exc})"}
+        node = str(((pod or {}).get("spec") or {}).get("nodeName") or "")
+        if pod is not None and node and (not args.uid or (pod.get("metadata") or {}).get("uid") == args.uid):
+            cache.apply_pod("MODIFIED", pod)  # bound: as the API shows it
+            return {"Error": "" if node == args.node else f"{failed}: the pod is bound to {node}"}
+        rec = cache.pending(args.key, args.uid) or rec
     plan = verbs.plan_bind(cache.snapshot(), rec, args.node)
     if plan.error:
         return {"Error": plan.error}

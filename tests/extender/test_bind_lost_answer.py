@@ -84,3 +84,48 @@ async def test_a_retry_refused_because_the_first_binding_went_through_counts_the
     assert rec.node == ELSEWHERE and not rec.assumed and rec.placement is not None
     assert rec.placement.gpus == (4, 5, 6, 7)  # its annotation, written by the Binding that went through
     assert held(cache) == []
+
+
+class Retry:
+    """kube-scheduler's retry of the pod, bound to ``ELSEWHERE`` this time. ``first``: where the API
+    shows the pod now ("" pending; None: the API cannot be read)."""
+
+    def __init__(self, first: str | None) -> None:
+        self.first = first
+        self.bound: list[str] = []
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None) -> None:
+        self.bound.append(node)
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.first is None:
+            raise aiohttp.ClientConnectionError("connection refused")
+        pod = copy.deepcopy(pod_of("filter-nodecache-true-pod-gpu4"))
+        pod["metadata"]["uid"] = args("bind-pod-gpu4")["PodUID"]
+        if self.first:
+            pod["spec"]["nodeName"] = self.first
+            pod["metadata"]["annotations"] = {labels.ANN_GPUS: "0,1,2,3"}
+        return pod
+
+
+@pytest.mark.parametrize(("first", "bound", "node"), [
+    pytest.param(HGX, [], HGX, id="first-binding-went-through"),
+    pytest.param(None, [], HGX, id="still-unknown"),
+    pytest.param("", [ELSEWHERE], ELSEWHERE, id="first-binding-failed"),
+])
+async def test_a_retry_elsewhere_asks_the_api_before_it_moves_an_unconfirmed_assumption(
+        client_for: Any, first: str | None, bound: list[str], node: str) -> None:
+    """The first Binding's outcome was unknown (the API server was down), so its GPUs on HGX stay counted;
+    kube-scheduler retries the pod on another node. Moving the assumption at once would free HGX's GPUs
+    while the pod may run there: the retry reads the pod first."""
+    cache = cluster()
+    client = await client_for(cache, LostAnswer("down"))
+    assert "not known yet" in (await (await client.post("/bind", json=args("bind-pod-gpu4"))).json())["Error"]
+    retry = Retry(first)
+    client = await client_for(cache, retry)
+    body = {**args("bind-pod-gpu4"), "Node": ELSEWHERE}
+    out = await (await client.post("/bind", json=body)).json()
+    assert retry.bound == bound
+    assert (out["Error"] == "") is (node == ELSEWHERE)
+    assert cache.pods[KEY].node == node
+    assert len(held(cache)) == (4 if node == HGX else 0)
