@@ -4,12 +4,26 @@ from __future__ import annotations
 
 import http.client
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from tests.e2e.kube import ApiError, Kube, Obj, api_path, wait_for
 from tests.e2e.pods import gpu_pod, limits_of, unique
 from tests.e2e.services import Stack
+
+
+@contextmanager
+def threads_of(target: Callable[[], None], n: int, stop: threading.Event, join_timeout: float) -> Iterator[None]:
+    """``n`` daemon threads running ``target`` until the block ends; then ``stop`` is set and they are joined."""
+    threads = [threading.Thread(target=target, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=join_timeout)
 
 
 class Creates:
@@ -56,15 +70,8 @@ class Creates:
 
     @contextmanager
     def running(self) -> Iterator[Creates]:
-        threads = [threading.Thread(target=self._run, daemon=True) for _ in range(3)]
-        for t in threads:
-            t.start()
-        try:
+        with threads_of(self._run, 3, self.stop, join_timeout=30):
             yield self
-        finally:
-            self.stop.set()
-            for t in threads:
-                t.join(timeout=30)
 
 
 class Burst:
@@ -125,12 +132,5 @@ class Burst:
 
     @contextmanager
     def running(self) -> Iterator[Burst]:
-        threads = [threading.Thread(target=self._run, daemon=True) for _ in range(self.threads)]
-        for t in threads:
-            t.start()
-        try:
+        with threads_of(self._run, self.threads, self.stop, join_timeout=60):
             yield self
-        finally:
-            self.stop.set()
-            for t in threads:
-                t.join(timeout=60)
