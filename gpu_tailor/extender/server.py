@@ -189,9 +189,10 @@ async def _bind(request: web.Request, body: Any) -> Any:
         rec = cache.pending(args.key, args.uid) or pod_record(pod)  # the watch may have caught up meanwhile
         if args.uid and rec.uid != args.uid:
             return {"Error": f"{failed}: the pod was replaced (uid {rec.uid}, not {args.uid})"}
-    if rec.assumed and rec.node and rec.node != args.node:
+    if rec.assumed and rec.node:
         # kube-scheduler retries a pod whose earlier Binding (to rec.node) we could not confirm: if that
-        # one went through, moving the assumption now would free its GPUs while it runs there
+        # one went through, replacing the assumption now would free its GPUs while it runs there (and
+        # the GPUs its annotation names would be handed out again, to the same node or another)
         try:
             pod = await binder.read_pod(args.namespace, args.name)
         except Exception as exc:
