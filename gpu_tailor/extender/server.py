@@ -189,6 +189,10 @@ async def _bind(request: web.Request, body: Any) -> Any:
         rec = cache.pending(args.key, args.uid) or pod_record(pod)  # the watch may have caught up meanwhile
         if args.uid and rec.uid != args.uid:
             return {"Error": f"{failed}: the pod was replaced (uid {rec.uid}, not {args.uid})"}
+    if rec.node and not rec.assumed:
+        # the API has shown the pod bound already: kube-scheduler retries a pod whose Binding went
+        # through while it could not tell (an API server restart); binding again would replace its GPUs
+        return {"Error": "" if rec.node == args.node else f"{failed}: the pod is already bound to {rec.node}"}
     if rec.assumed and rec.node:
         # kube-scheduler retries a pod whose earlier Binding (to rec.node) we could not confirm: if that
         # one went through, replacing the assumption now would free its GPUs while it runs there (and

@@ -130,3 +130,23 @@ async def test_a_retry_asks_the_api_before_it_replaces_an_unconfirmed_assumption
     assert (out["Error"] == "") is (node == retry)
     assert cache.pods[KEY].node == node
     assert held(cache) == ([0, 1, 2, 3] if node == HGX else [])  # the GPUs the first Binding recorded
+
+
+@pytest.mark.parametrize("retry", [HGX, ELSEWHERE])
+async def test_a_retry_of_a_pod_the_api_has_shown_bound_sends_no_binding(client_for: Any, retry: str) -> None:
+    """After an API server restart the relist may show a pod bound before kube-scheduler's retry of it
+    arrives: bind answers from what the API showed and leaves its GPUs where its Binding put them."""
+    pod = copy.deepcopy(pod_of("filter-nodecache-true-pod-gpu4"))
+    pod["metadata"]["uid"] = args("bind-pod-gpu4")["PodUID"]
+    pod["spec"]["nodeName"] = HGX
+    pod["metadata"]["annotations"] = {labels.ANN_GPUS: "4,5,6,7"}
+    pod["status"] = {"phase": "Running"}
+    cache = cluster()
+    cache.apply_pod("MODIFIED", pod)
+    binder = Retry(HGX)
+    client = await client_for(cache, binder)
+    out = await (await client.post("/bind", json={**args("bind-pod-gpu4"), "Node": retry})).json()
+    assert binder.bound == []
+    refused = f"binding {KEY} to {retry} failed: the pod is already bound to {HGX}"
+    assert out["Error"] == ("" if retry == HGX else refused)
+    assert held(cache) == [4, 5, 6, 7] and cache.pods[KEY].node == HGX
