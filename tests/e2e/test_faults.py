@@ -144,22 +144,14 @@ def restart_exited(stack: Stack) -> list[str]:
 
 @contextmanager
 def staging(what: str) -> Iterator[None]:
-    """A failure while a fault is staged is ``pytest.fail``: never the AssertionError that a test marked
-    ``xfail(raises=AssertionError)`` for a known bug expects from its invariant check."""
+    """A failure while a fault is staged is ``pytest.fail``, told apart from the invariant check's
+    AssertionError (a test marked ``xfail(raises=AssertionError)`` for a known bug expects only that)."""
     try:
         yield
     except AssertionError as exc:
         pytest.fail(f"{what}: {exc}")
 
 
-@pytest.mark.xfail(strict=False, raises=AssertionError, reason=(
-    "extender bug (gpu_tailor/extender/server.py _bind, cache.assume), still seen after 1f96c7f: a pod whose "
-    "first Binding outcome is unknown (stored, answer lost, API server down so no read-back: its assumption "
-    "stays on node A) is retried by kube-scheduler, which forgot it, onto node B; the retry's assume() moves the "
-    "assumption to B at once, so while that Binding and its read-back are awaited A's GPU and room look free, "
-    "and another bind (a retried pod, also assumed) takes them: 5 replicas on a 4-replica T4 GPU and 17 pods on "
-    "a 16-unit node (burst-042: first Binding to burst-20 unknown, retry to burst-6 answered 409 'already "
-    "assigned to burst-20'), 1 run in 3. Not strict: it needs Bindings in flight at the SIGKILL"))
 def test_apiserver_restarted_mid_burst_of_500(cluster: Stack, group: Callable[[str], Group]) -> None:
     g = group("burst")
     with staging("the restart was not staged as intended"):
