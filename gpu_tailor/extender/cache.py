@@ -39,6 +39,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpu_tailor.extender.records import (
+    KNOWN,
     Demands,
     PodRecord,
     confirmed,
@@ -272,6 +273,11 @@ class Cache:
                 self._drop(old)
                 self.seen.discard(old.uid)
             return key
+        version = pod_version(obj)
+        if obj.get(KNOWN) and not (old is not None and old.uid == uid and old.version == version):
+            return key  # projected as "held at this version", but the cache has moved on since: stale
+        if old is not None and old.uid == uid and not old.assumed and old.version and old.version == version:
+            return key  # exactly what we hold (bind read it back before the watch delivered it)
         rec = pod_record(obj, self.demands.of(obj, key))
         if old is not None and old.uid == uid:
             if old.assumed:
@@ -281,8 +287,9 @@ class Cache:
                     rec = confirmed(old, rec)
             elif old.node == rec.node:
                 rec = kept(old, rec)
-                if rec == old:
-                    return key  # a status update: nothing decisions read changed
+                if replace(rec, version=old.version) == old:  # a status update: nothing decisions read changed
+                    self._restamp(old, rec.version)
+                    return key
         if old is not None:
             self._drop(old)
             if old.uid != uid:
@@ -314,6 +321,13 @@ class Cache:
             if not on:
                 del self.on_node[rec.node]
         self.assumed.discard(rec.key)
+
+    def _restamp(self, old: PodRecord, version: str) -> None:
+        """The record at a newer resourceVersion, nothing else changed: no node is touched."""
+        new = replace(old, version=version)
+        self.pods[new.key] = new
+        if new.node:
+            self.on_node[new.node][new.key] = new
 
     def _swap(self, old: PodRecord, new: PodRecord) -> None:
         """Replace a record by one that holds the same node and GPUs."""

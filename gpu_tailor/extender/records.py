@@ -94,6 +94,7 @@ def _plain(value: Any) -> Any:
 
 
 ASK = "@ask"  # in a projected pod: the bytes that identify what it asks for (see ``PodProjector``)
+KNOWN = "@known"  # in a projected pod: only its metadata, as the cache held it at that version
 _OURS = labels.TAILOR_DOMAIN + "/"
 _CONTAINER_FIELDS = (("containers", ("name", "resources")),
                      ("initContainers", ("name", "resources", "restartPolicy")))
@@ -173,7 +174,7 @@ class PodProjector:
                 self.known(f"{meta.get('namespace', '')}/{meta.get('name', '')}", version):
             # the cache holds the pod at this version: its name, uid and version are all it needs
             meta.pop("annotations", None)
-            return {"metadata": meta}
+            return {"metadata": meta, KNOWN: True}
         annotations = _mapping(meta.pop("annotations", None))
         if annotations is not None:
             ours = {k: v for k, v in annotations.items() if isinstance(k, str) and k.startswith(_OURS)}

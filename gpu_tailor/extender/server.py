@@ -23,6 +23,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
+import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY = 64 * 2**20  # a full NodeList of a big cluster is large
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 NODE_PAGE = 100  # a Node object is large (images, conditions): small pages keep each parse short
+# a Binding or a read that hangs (a half-open connection) must end: it then counts as a lost answer
+API_TIMEOUT = aiohttp.ClientTimeout(total=20, sock_connect=5)
 
 
 class Binder(Protocol):
@@ -186,7 +189,11 @@ async def _bind(request: web.Request, body: Any) -> Any:
             return {"Error": f"{failed}: reading the pod: {exc}"}
         if pod is None:
             return {"Error": f"{failed}: the pod is gone (not in the API)"}
-        rec = cache.pending(args.key, args.uid) or pod_record(pod)  # the watch may have caught up meanwhile
+        rec = cache.pending(args.key, args.uid)  # the watch may have caught up meanwhile
+        if rec is None:
+            rec = pod_record(pod)
+            if rec.node and (not args.uid or rec.uid == args.uid):
+                cache.apply_pod("MODIFIED", pod)  # bound already: counted as the API shows it
         if args.uid and rec.uid != args.uid:
             return {"Error": f"{failed}: the pod was replaced (uid {rec.uid}, not {args.uid})"}
     if rec.node and not rec.assumed:
@@ -201,10 +208,11 @@ async def _bind(request: web.Request, body: Any) -> Any:
             pod = await binder.read_pod(args.namespace, args.name)
         except Exception as exc:
             return {"Error": f"{failed}: whether its Binding to {rec.node} went through is not known yet ({exc})"}
-        node = str(((pod or {}).get("spec") or {}).get("nodeName") or "")
-        if pod is not None and node and (not args.uid or (pod.get("metadata") or {}).get("uid") == args.uid):
-            cache.apply_pod("MODIFIED", pod)  # bound: as the API shows it
+        node = _bound_to(pod, args)
+        if node:
+            _apply_read_back(cache, rec, pod)
             return {"Error": "" if node == args.node else f"{failed}: the pod is bound to {node}"}
+        cache.forget(rec.key, rec.uid)  # it did not go through: the old assumption must not count in the plan
         rec = cache.pending(args.key, args.uid) or rec
     plan = verbs.plan_bind(cache.snapshot(), rec, args.node)
     if plan.error:
@@ -216,6 +224,21 @@ async def _bind(request: web.Request, body: Any) -> Any:
         return await _after_failed_binding(cache, binder, args, rec, f"{failed}: {exc}")
     cache.finish_binding(rec.key, rec.uid)  # from now on, the watch has ``ttl`` seconds to show it
     return {"Error": ""}
+
+
+def _bound_to(pod: dict[str, Any] | None, args: verbs.BindArgs) -> str:
+    """The node a pod read back is bound to ("" when it is not, is gone, or is another pod of that name)."""
+    if pod is None or (args.uid and (pod.get("metadata") or {}).get("uid") != args.uid):
+        return ""
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def _apply_read_back(cache: Cache, rec: PodRecord, pod: dict[str, Any] | None) -> None:
+    """Count a pod read back from the API as it is there, but only while the cache still holds our
+    assumption of it: the watch may have shown it bound, or deleted, during the read."""
+    now = cache.pods.get(rec.key)
+    if pod is not None and now is not None and now.uid == rec.uid and now.assumed:
+        cache.apply_pod("MODIFIED", pod)
 
 
 async def _after_failed_binding(cache: Cache, binder: Binder, args: verbs.BindArgs, rec: PodRecord,
@@ -235,15 +258,15 @@ async def _after_failed_binding(cache: Cache, binder: Binder, args: verbs.BindAr
         cache.finish_binding(rec.key, rec.uid)
         return {"Error": f"{error} (whether it is bound is not known yet: its GPUs stay counted until the API "
                          "shows the pod)"}
-    meta, spec = (pod or {}).get("metadata") or {}, (pod or {}).get("spec") or {}
-    if pod is None or (args.uid and meta.get("uid") != args.uid) or not spec.get("nodeName"):
+    node = _bound_to(pod, args)
+    if not node:
         cache.forget(rec.key, rec.uid)
         return {"Error": error}
-    cache.apply_pod("MODIFIED", pod)  # bound: as the API shows it, as the watch soon will
-    if spec.get("nodeName") == args.node:
+    _apply_read_back(cache, rec, pod)  # bound: as the API shows it, as the watch soon will
+    if node == args.node:
         log.warning("%s, but the pod is bound there: taken as done", error)
         return {"Error": ""}
-    return {"Error": f"{error} (the pod is bound to {spec.get('nodeName')})"}
+    return {"Error": f"{error} (the pod is bound to {node})"}
 
 
 def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT_MAX_BODY) -> web.Application:
@@ -283,13 +306,15 @@ class ApiBinder:
         binding: Any = {"metadata": meta, "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         # The API server answers a Binding with a Status, which the client cannot read as a V1Binding, so
         # the answer is taken raw -- and a raw answer never raises: its status is checked here.
-        status, text = await _raw(self.core.create_namespaced_binding(namespace, binding, _preload_content=False))
+        status, text = await _raw(self.core.create_namespaced_binding(namespace, binding, _preload_content=False,
+                                                                      _request_timeout=API_TIMEOUT))
         if not 200 <= status < 300:
             raise ApiRefused("Binding", status, status_message(text, "no message"))
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         # raw, so the pod is the API's JSON (camelCase), as the watch delivers it
-        status, text = await _raw(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
+        status, text = await _raw(self.core.read_namespaced_pod(name, namespace, _preload_content=False,
+                                                                _request_timeout=API_TIMEOUT))
         if status == 404:
             return None
         if not 200 <= status < 300:

@@ -8,8 +8,9 @@ survives as stale memory.
 A watch that goes quiet is not trusted: the API server ends every window after ``timeout_seconds``,
 so a stream that sends nothing for longer than that (a half-open connection, a stuck proxy) is
 broken, and is dropped and relisted. Failures are retried after an exponential backoff with full
-jitter (so a fleet of replicas does not relist in step after an API server restart), reset by the
-next list that succeeds. ``Freshness`` records when the API server was last heard from, for
+jitter (so a fleet of replicas does not relist in step after an API server restart), reset only
+once a watch delivers an event or ends its window normally: a list that succeeds followed by a watch
+that is refused at once (429, 403) still backs off. ``Freshness`` records when the API server was last heard from, for
 readiness and the staleness metric.
 
 A big cluster's pods are listed in pages and handed over page by page, and the consumer's work on
@@ -78,14 +79,21 @@ class _Collect:
         return ()
 
 
+def _freeze() -> None:
+    """Collect what is garbage now, then freeze the rest: a cycle frozen while garbage would never be
+    collected. The collection visits only what was made since the last freeze, so it stays short."""
+    gc.collect()
+    gc.freeze()
+
+
 async def _run(steps: Iterable[None], freeze_gc: bool = False) -> None:
     """Run a consumer's work, letting the event loop in between its chunks."""
     for _ in steps:
         if freeze_gc:
-            gc.freeze()
+            _freeze()
         await asyncio.sleep(0)
     if freeze_gc:
-        gc.freeze()
+        _freeze()
 
 
 PROJECT_CHUNK = 100  # items of a list page projected between two turns of the event loop
@@ -176,20 +184,24 @@ async def list_and_watch(
     fresh = freshness or Freshness()
     list_timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
     watch_timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout_seconds + quiet_grace)
-    failures = 0
+    failures = 0  # in a row, with no watch event between them: a list that succeeds is not enough
+    delivered = [0]  # events the current watch windows have delivered
     while True:
         try:
             consumer = relist()
             _, rv = await list_all(list_fn, page, consumer, project, list_timeout, freeze_gc)
             await _run(consumer.done(), freeze_gc)
             fresh.heard()
-            failures = 0
+            delivered[0] = 0
             while True:  # watch windows end normally after timeout_seconds: resume from rv
                 rv = await _watch_once(list_fn, rv, on_event, timeout_seconds, watch_timeout, project, fresh,
-                                       freeze_gc)
+                                       freeze_gc, delivered)
+                failures = 0
         except asyncio.CancelledError:
             raise
         except ApiException as exc:
+            if delivered[0]:
+                failures = 0
             if exc.status == 410:
                 log.info("watch expired (410 Gone): relisting")
                 continue
@@ -198,6 +210,8 @@ async def list_and_watch(
             log.warning("API error %s during list/watch: relisting in %.1fs", exc.status, delay)
             await asyncio.sleep(delay)
         except Exception as exc:  # a broken or silent stream, an outage: start over from a fresh list
+            if delivered[0]:
+                failures = 0
             failures += 1
             delay = _jittered(backoff, max_backoff, failures)
             log.warning("list/watch failed (%s): relisting in %.1fs", type(exc).__name__ + (f": {exc}" if str(exc)
@@ -212,7 +226,7 @@ def _jittered(base: float, cap: float, failures: int) -> float:
 
 async def _watch_once(list_fn: ListFn, rv: str, on_event: Callable[[str, dict[str, Any]], object],
                       timeout_seconds: int, timeout: aiohttp.ClientTimeout, project: Project | None,
-                      fresh: Freshness, freeze_gc: bool = False) -> str:
+                      fresh: Freshness, freeze_gc: bool = False, delivered: list[int] | None = None) -> str:
     """One watch window from ``rv``; returns the resourceVersion to resume from.
 
     The stream is read here, one event a line, each parsed once (kubernetes-asyncio's ``Watch``
@@ -236,11 +250,13 @@ async def _watch_once(list_fn: ListFn, rv: str, on_event: Callable[[str, dict[st
             fresh.heard()
             if new_rv:
                 rv = new_rv
+            if delivered is not None:
+                delivered[0] += 1
             if kind != "BOOKMARK":
                 on_event(kind, obj)
                 events += 1
                 if freeze_gc and events % FREEZE_EVERY == 0:
-                    gc.freeze()
+                    _freeze()
         fresh.heard()
     finally:
         resp.release()

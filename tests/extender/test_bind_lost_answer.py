@@ -9,9 +9,12 @@ import copy
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
+import simdjson
 
 from gpu_tailor.extender.cache import Cache
+from gpu_tailor.extender.records import KNOWN, PodProjector
 from gpu_tailor.gpumodel import labels
 from tests.extender.builders import args, cluster, pod_of
 
@@ -140,6 +143,7 @@ async def test_a_retry_of_a_pod_the_api_has_shown_bound_sends_no_binding(client_
     pod["metadata"]["uid"] = args("bind-pod-gpu4")["PodUID"]
     pod["spec"]["nodeName"] = HGX
     pod["metadata"]["annotations"] = {labels.ANN_GPUS: "4,5,6,7"}
+    pod["metadata"]["resourceVersion"] = "999"  # the write that bound it
     pod["status"] = {"phase": "Running"}
     cache = cluster()
     cache.apply_pod("MODIFIED", pod)
@@ -150,3 +154,56 @@ async def test_a_retry_of_a_pod_the_api_has_shown_bound_sends_no_binding(client_
     refused = f"binding {KEY} to {retry} failed: the pod is already bound to {HGX}"
     assert out["Error"] == ("" if retry == HGX else refused)
     assert held(cache) == [4, 5, 6, 7] and cache.pods[KEY].node == HGX
+
+
+async def test_the_watch_event_of_a_pod_bind_read_back_does_not_free_its_gpus(client_for: Any) -> None:
+    """The read-back confirmed the pod at its version; the watch then delivers that same version,
+    which the projection reads no further than its metadata. It must change nothing."""
+    cache = cluster()
+    binder = LostAnswer("bound")
+    client = await client_for(cache, binder)
+    assert (await (await client.post("/bind", json=args("bind-pod-gpu4"))).json()) == {"Error": ""}
+    shown = await binder.read_pod("gpu-jobs", "train-gpu4")
+    assert shown is not None
+    doc: Any = simdjson.Parser().parse(orjson.dumps(shown))
+    try:
+        event = PodProjector(cache.holds_version)(doc)
+    finally:
+        del doc
+    assert event.get(KNOWN) is True
+    cache.apply_pod("MODIFIED", event)
+    assert cache.pods[KEY].node == HGX and held(cache) == [0, 1, 2, 3]
+    stale = {**event, "metadata": {**event["metadata"], "resourceVersion": "1"}}  # projected before a newer write
+    cache.apply_pod("MODIFIED", stale)
+    assert cache.pods[KEY].node == HGX and held(cache) == [0, 1, 2, 3]
+
+
+class DeletedDuringRead(LostAnswer):
+    """The watch delivers the pod's deletion while bind waits for its read-back."""
+
+    def __init__(self, cache: Cache) -> None:
+        super().__init__("bound")
+        self.cache = cache
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        pod = await super().read_pod(namespace, name)
+        assert pod is not None
+        self.cache.apply_pod("DELETED", pod)
+        return pod
+
+
+async def test_a_pod_deleted_while_bind_reads_it_back_stays_deleted(client_for: Any) -> None:
+    cache = cluster()
+    client = await client_for(cache, DeletedDuringRead(cache))
+    await client.post("/bind", json=args("bind-pod-gpu4"))
+    assert KEY not in cache.pods and held(cache) == []
+
+
+async def test_a_retry_on_the_same_node_plans_without_its_own_stale_assumption(client_for: Any) -> None:
+    cache = cluster()
+    client = await client_for(cache, LostAnswer("down"))
+    await client.post("/bind", json=args("bind-pod-gpu4"))  # outcome unknown: GPUs 0-3 stay counted
+    binder = Retry("")  # the read shows it pending: the first Binding did not go through
+    client = await client_for(cache, binder)
+    assert (await (await client.post("/bind", json=args("bind-pod-gpu4"))).json()) == {"Error": ""}
+    assert binder.bound == [HGX] and held(cache) == [0, 1, 2, 3]  # the same GPUs, not 4-7 beside a ghost

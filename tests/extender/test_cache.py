@@ -38,6 +38,7 @@ def bound(pod: dict[str, Any], node: str, gpus: str | None = None) -> dict[str, 
     """``pod`` as the watch shows it once bound to ``node`` (with the annotation bind wrote, if any)."""
     out = copy.deepcopy(pod)
     out["spec"]["nodeName"], out["status"] = node, {"phase": "Running"}
+    out["metadata"]["resourceVersion"] = str(int(out["metadata"].get("resourceVersion") or 0) + 1)  # a new write
     if gpus is not None:
         out["metadata"]["annotations"] = {**(out["metadata"].get("annotations") or {}), labels.ANN_GPUS: gpus}
     return out

@@ -15,7 +15,7 @@ import pytest
 import simdjson
 
 from gpu_tailor.extender.cache import POD_CHUNK, Cache
-from gpu_tailor.extender.records import Demands, PodProjector, pod_record, slim_pod
+from gpu_tailor.extender.records import KNOWN, Demands, PodProjector, pod_record, slim_pod
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.inventory import from_node, node_fields
 from gpu_tailor.gpumodel.schedule import demand_of
@@ -169,7 +169,8 @@ def test_a_pod_the_cache_holds_at_that_version_is_read_no_further_than_its_metad
             del doc
 
     known = lazily_by(pod)
-    assert known == {"metadata": {"name": "v", "namespace": "gpu-jobs", "uid": "uid-v", "resourceVersion": "100"}}
+    assert known == {"metadata": {"name": "v", "namespace": "gpu-jobs", "uid": "uid-v", "resourceVersion": "100"},
+                     KNOWN: True}
     moved = copy.deepcopy(pod)
     moved["metadata"]["resourceVersion"] = "101"
     full = lazily_by(moved)

@@ -266,3 +266,28 @@ async def test_a_projected_list_arrives_page_by_page_and_events_are_projected_to
 def test_list_and_watch_needs_somewhere_to_put_the_list() -> None:
     with pytest.raises(ValueError, match="on_reset or relist"):
         asyncio.run(list_and_watch(lambda **_: None, None, lambda *_: None))  # type: ignore[arg-type]
+
+
+async def test_a_watch_refused_after_every_good_list_still_backs_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A list that succeeds is no progress if the watch after it is refused at once (an API server
+    shedding load, an RBAC change): without a watch event between them the bound keeps growing."""
+    bounds: list[tuple[float, float]] = []
+
+    def uniform(a: float, b: float) -> float:
+        bounds.append((a, b))
+        return 0.0
+
+    monkeypatch.setattr("gpu_tailor.kube.watch.random.uniform", uniform)
+    refused = [json.dumps({"type": "ERROR", "object": {"kind": "Status", "code": 500, "reason": "InternalError",
+                                                       "message": "etcd leader changed"}}).encode()]
+    store = Store()
+    async with FakeApi() as api:
+        for rv in ("1", "2", "3"):
+            api.add_list("pods", [pod_list(rv)])
+            api.add_watch("pods", refused)
+        api.add_list("pods", [pod_list("4")])
+        async with api.api_client() as http:
+            pods = client.CoreV1Api(http).list_pod_for_all_namespaces
+            with running(list_and_watch(pods, store.reset, store.event, backoff=0.5, max_backoff=30)):
+                await asyncio.wait_for(api.wait_requests(7), 10)
+    assert bounds == [(0, 0.5), (0, 1.0), (0, 2.0)]
