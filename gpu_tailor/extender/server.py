@@ -17,6 +17,7 @@ status but 200 fails the call); preempt before the cache is synced is 503.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import logging
 import time
@@ -354,6 +355,10 @@ def watch_ctx(cache: Cache, kubeconfig: str | None, in_cluster: bool) -> Any:
                                    project=PodProjector(cache.holds_version),
                                    freshness=pods, freeze_gc=True)]
 
+        # what the process made to start: frozen once, so that the collections the watches' freezes start
+        # with (kube.watch) visit only what came after
+        gc.collect()
+        gc.freeze()
         async with watching(kubeconfig, in_cluster, watches) as api:
             app[BINDER].binder = ApiBinder(api)
             yield
