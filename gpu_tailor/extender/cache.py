@@ -14,8 +14,10 @@ Bind *assumes* a pod: it counts on its node at once, so the next filter sees its
 watch *confirms* it when it shows the pod bound to that node (keeping the GPUs bind chose unless the
 pod's annotation names others); a refused Binding *forgets* it; an assumption the watch never
 confirms *expires* ``ttl`` seconds after its Binding was accepted (checked at every snapshot). A
-relist rebuilds the pods from the list, except assumed pods still within their deadline, which the
-list may simply predate (kube-scheduler's informer can be ahead of our watch).
+relist (``NodeRelist``, ``PodRelist``) applies every listed object as the watch would, then deletes
+what the list lacks, except assumed pods still within their deadline, which the list may simply
+predate (kube-scheduler's informer can be ahead of our watch). A Binding that fails is read back
+before anything is freed (``server._after_failed_binding``).
 
 Bind needs the pod's demand, and kube-scheduler's informer can see a pod before the extender's
 watch does (a busy API server, 2 cores). Filter and prioritize carry the whole Pod, so the pods they

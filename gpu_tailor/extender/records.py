@@ -22,8 +22,8 @@ from gpu_tailor.gpumodel.schedule import Demand, NodeState, demand_of, pod_key, 
 
 @dataclass(frozen=True, slots=True)
 class PodRecord:
-    """One pod as decisions need it -- never the pod object (about 450 bytes with its Demand, Placement
-    and strings: some 45 MB for 100,000 pods).
+    """One pod as decisions need it -- never the pod object (0.6 KiB with its Demand, Placement, strings
+    and the cache's indexes: some 60 MB for 100,000 pods, ``benchmarks/extender_state.py``).
 
     ``demand``: what it asks for (its ``key`` is the pod's namespace/name); ``uid``; ``node``: where it
     is bound or assumed, "" while pending and once finished (a Succeeded or Failed pod holds nothing);
