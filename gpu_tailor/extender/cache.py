@@ -264,8 +264,8 @@ class Cache:
             if placed is not rec:
                 self.pods[rec.key] = placed
 
-    def apply_pod(self, event: str, obj: dict[str, Any]) -> str:
-        """A pod event (or a listed pod: "MODIFIED"); the pod's namespace/name."""
+    def apply_pod(self, event: str, obj: dict[str, Any]) -> None:
+        """A pod event (or a listed pod: "MODIFIED")."""
         key, uid = pod_key(obj), pod_uid(obj)
         if (asked := self.asked.get(key)) is not None and asked.uid == uid:
             del self.asked[key]  # the watch has it now
@@ -274,30 +274,29 @@ class Cache:
             if old is not None and (old.uid == uid or not uid):  # not a newer pod of the same name
                 self._drop(old)
                 self.seen.discard(old.uid)
-            return key
+            return
         version = pod_version(obj)
         if obj.get(KNOWN) and not (old is not None and old.uid == uid and old.version == version):
-            return key  # projected as "held at this version", but the cache has moved on since: stale
+            return  # projected as "held at this version", but the cache has moved on since: stale
         if old is not None and old.uid == uid and not old.assumed and old.version and old.version == version:
-            return key  # exactly what we hold (bind read it back before the watch delivered it)
+            return  # exactly what we hold (bind read it back before the watch delivered it)
         rec = pod_record(obj, self.demands.of(obj, key))
         if old is not None and old.uid == uid:
             if old.assumed:
                 if waiting(obj):
-                    return key  # still pending: our Binding is in flight or the watch lags, the assumption stands
+                    return  # still pending: our Binding is in flight or the watch lags, the assumption stands
                 if rec.node == old.node:
                     rec = confirmed(old, rec)
             elif old.node == rec.node:
                 rec = kept(old, rec)
                 if replace(rec, version=old.version) == old:  # a status update: nothing decisions read changed
                     self._restamp(old, rec.version)
-                    return key
+                    return
         if old is not None:
             self._drop(old)
             if old.uid != uid:
                 self.seen.discard(old.uid)
         self._add(rec)
-        return key
 
     # ----- the writer's internals -----
     def _touch(self, name: str) -> None:

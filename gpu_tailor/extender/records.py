@@ -168,18 +168,14 @@ class PodProjector:
         if not isinstance(obj, simdjson.Object):
             return slim_pod(obj)
         top = _pick(obj, ("metadata", "spec", "status"))
-        meta = _pick(top.get("metadata"), ("name", "namespace", "uid", "resourceVersion", "annotations"))
-        version = meta.get("resourceVersion")
+        picked = _pick(top.get("metadata"), ("name", "namespace", "uid", "resourceVersion", "annotations"))
+        version = picked.get("resourceVersion")
         if self.known is not None and isinstance(version, str) and version and \
-                self.known(f"{meta.get('namespace', '')}/{meta.get('name', '')}", version):
+                self.known(f"{picked.get('namespace', '')}/{picked.get('name', '')}", version):
             # the cache holds the pod at this version: its name, uid and version are all it needs
-            meta.pop("annotations", None)
-            return {"metadata": meta, KNOWN: True}
-        annotations = _mapping(meta.pop("annotations", None))
-        if annotations is not None:
-            ours = {k: v for k, v in annotations.items() if isinstance(k, str) and k.startswith(_OURS)}
-            if ours:
-                meta["annotations"] = ours
+            picked.pop("annotations", None)
+            return {"metadata": picked, KNOWN: True}
+        meta = _meta(picked)
         out: dict[str, Any] = {"metadata": meta}
         raw_spec = top.get("spec")
         if isinstance(raw_spec, simdjson.Object):

@@ -85,7 +85,7 @@ def relisted_bound_then_node_modified(cache: Cache) -> None:
 
 
 # what may happen between a bind and the next one; the bound pod must keep its GPUs through all of it
-EVENTS: list[tuple[str, Callable[[Cache], object]]] = [
+EVENTS: list[tuple[str, Callable[[Cache], None]]] = [
     ("node-modified-unchanged", lambda c: c.apply_node("MODIFIED", node_fixture(HGX))),
     ("node-modified-relabelled", lambda c: c.apply_node("MODIFIED", relabelled(HGX))),
     ("node-relist", lambda c: c.reset_nodes([node_fixture(n) for n in NODE_NAMES])),
@@ -98,7 +98,7 @@ EVENTS: list[tuple[str, Callable[[Cache], object]]] = [
 
 
 @pytest.mark.parametrize("event", [e[1] for e in EVENTS], ids=[e[0] for e in EVENTS])
-def test_a_bound_pod_keeps_its_gpus_and_the_next_bind_gets_the_others(event: Callable[[Cache], object]) -> None:
+def test_a_bound_pod_keeps_its_gpus_and_the_next_bind_gets_the_others(event: Callable[[Cache], None]) -> None:
     """The reported bug: bind chose GPUs 0-3, a node MODIFIED event re-predicted the pod onto 2-5."""
     cache = cluster([second()])
     assert bind(cache, KEY) == (0, 1, 2, 3)
