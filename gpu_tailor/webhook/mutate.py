@@ -64,7 +64,8 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
     owned = guard.on_create(annotations, ask)
     # containers whose GPU requests and limits disagree, zero units included (requests 1, limits 0)
     unequal = [c for c in ask.containers if c.mismatches or c.missing_limits]
-    if not ask.has_gpu and not owned.drop and not unequal:
+    routed = _routes_cpu_only(obj, policy) if not ask.has_gpu else False
+    if not ask.has_gpu and not owned.drop and not unequal and not routed:
         return Decision(allowed=True)
 
     try:
@@ -82,6 +83,8 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
         if denial:
             return _deny(denial, 422)
     if not ask.has_gpu:
+        if routed:
+            _obj(pod, "spec")["schedulerName"] = policy.schedulerName
         return _allow(obj, pod, warnings, "none")
     isolation = ask.isolation if labels.ANN_ISOLATION in annotations else policy.defaultIsolation
 
@@ -108,11 +111,22 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
             warnings.append(f"no {choice.candidate.backing} is free right now; the pod waits for capacity")
         tolerations = (*tolerations, *choice.candidate.write.tolerations)
     _tolerate(pod, tolerations)
-    if policy.schedulerName and (pod.get("spec") or {}).get("schedulerName") in (None, "", KUBE_DEFAULT_SCHEDULER):
+    if policy.schedulerName and _takes_default_scheduler(pod):
         _obj(pod, "spec")["schedulerName"] = policy.schedulerName
     if owned.reinvocation:  # its warnings went out with the first answer
         return _allow(obj, pod, [], "reinvocation")
     return _allow(obj, pod, warnings, backing)
+
+
+def _takes_default_scheduler(pod: dict[str, Any]) -> bool:
+    return (pod.get("spec") or {}).get("schedulerName") in (None, "", KUBE_DEFAULT_SCHEDULER)
+
+
+def _routes_cpu_only(pod: dict[str, Any], policy: AdmissionPolicy) -> bool:
+    """Whether a pod without a GPU ask goes to gpu-tailor's scheduler (``AdmissionPolicy.cpuOnlyPods``):
+    not one that names another scheduler, nor one created bound (a mirror pod: no scheduler sees it)."""
+    return bool(policy.cpuOnlyPods and policy.schedulerName and _takes_default_scheduler(pod)
+                and not (pod.get("spec") or {}).get("nodeName"))
 
 
 def _allow(obj: dict[str, Any], pod: dict[str, Any], warnings: list[str], backing: str) -> Decision:

@@ -32,6 +32,7 @@ class Admitted:
     affinity: dict[str, list[str]] = field(default_factory=dict)
     warning: str = ""
     scheduler: str = SCHEDULER_NAME
+    gpu: bool = True
 
 
 ADMITTED = {
@@ -50,7 +51,8 @@ ADMITTED = {
     "i": Admitted({"main": {"nvidia.com/gpu": "1"}}, "whole", {"nvidia.com/gpu.product": [H100]}),
     "k": Admitted({"init-gpu": {"nvidia.com/gpu": "1"}, "trainer": {"nvidia.com/gpu": "1"}, "sidecar": {}}, "whole",
                   {"nvidia.com/gpu.product": [H100]}),
-    "l": Admitted({"main": {}}, scheduler="default-scheduler"),
+    # no GPU ask: only the scheduler changes (the webhook's cpuOnlyPods), no GPU toleration
+    "l": Admitted({"main": {}}, gpu=False),
 }
 
 
@@ -79,8 +81,7 @@ def test_fixture_pod_is_stored_as_the_webhook_rewrote_it(letter: str, cluster: S
     affinity = required_affinity(stored)
     for key, values in want.affinity.items():
         assert affinity.get(key) == values, f"{letter}: required node affinity {key} in {affinity}"
-    gpu_pod_asked = want.scheduler == SCHEDULER_NAME
-    assert (GPU_TOLERATION in stored["spec"].get("tolerations", [])) == gpu_pod_asked
+    assert (GPU_TOLERATION in stored["spec"].get("tolerations", [])) == want.gpu
     if want.warning:
         assert any(want.warning in w for w in warnings), f"API server warnings: {warnings}"
     else:

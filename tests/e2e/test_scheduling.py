@@ -4,6 +4,8 @@ reads on a pod nothing can hold."""
 
 from __future__ import annotations
 
+import urllib.request
+
 import pytest
 
 from tests.e2e.kube import Obj, api_path, wait_for
@@ -130,3 +132,25 @@ def test_admitted_two_replica_shared_ask_is_placed(cluster: Stack, pods: Pods) -
     bound = pods.wait_bound(created)
     assert bound["spec"]["nodeName"] == "t4-timeslice-renamed-0"
     assert_bound_where_it_fits(cluster, bound, "t4-timeslice-renamed-0")
+
+
+def _extender_binds(cluster: Stack) -> float:
+    """How many binds the extender has answered, from its /metrics."""
+    url = cluster.extender.ready_url.rsplit("/", 1)[0] + "/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('gpu_tailor_extender_requests_total{') and 'verb="bind"' in line)
+
+
+def test_a_cpu_only_pod_of_an_opted_in_namespace_is_placed_and_bound_through_the_extender(
+        cluster: Stack, pods: Pods) -> None:
+    # The webhook names gpu-tailor-scheduler (cpuOnlyPods), and with no managedResources kube-scheduler
+    # asks the extender about it and lets the extender bind it, as it does for GPU pods.
+    before = _extender_binds(cluster)
+    created = pods.create(cluster.opted_in, pod_from_review("l", unique("cpu-only")))
+    assert not nvidia_limits(created)
+    bound = pods.wait_bound(created)
+    assert_bound_where_it_fits(cluster, bound, bound["spec"]["nodeName"])
+    assert _extender_binds(cluster) == before + 1
+    assert "gpu-tailor.io/gpus" not in (bound["metadata"].get("annotations") or {})

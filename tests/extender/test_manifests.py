@@ -46,22 +46,32 @@ def test_scheduler_config_profile_and_extender() -> None:
         assert f"/{ext[verb]}" in routes
 
 
-def test_every_nvidia_resource_we_model_is_managed() -> None:
-    ext = scheduler_config()["extenders"][0]
-    names = [m["name"] for m in ext["managedResources"]]
+def gpu_resource_names() -> set[str]:
+    """Every resource name the device plugin can advertise for what gpumodel models."""
     profiles = {p.name for s in mig.SKUS for p in s.profiles}
     expected = {"nvidia.com/gpu", "nvidia.com/gpu.shared"}
-    expected |= {f"nvidia.com/mig-{p}{sfx}" for p in profiles for sfx in ("", ".shared")}
-    assert len(names) == len(set(names)) and set(names) == expected  # v1.28.7 refuses duplicates too
+    return expected | {f"nvidia.com/mig-{p}{sfx}" for p in profiles for sfx in ("", ".shared")}
+
+
+def scored_resources() -> list[str]:
+    fit = next(c for c in scheduler_config()["profiles"][0]["pluginConfig"] if c["name"] == "NodeResourcesFit")
+    return [r["name"] for r in fit["args"]["scoringStrategy"]["resources"]]
+
+
+def test_every_nvidia_resource_we_model_is_scored() -> None:
+    names = [n for n in scored_resources() if n not in ("cpu", "memory")]
+    assert len(names) == len(set(names)) and set(names) == gpu_resource_names()  # v1.28.7 refuses duplicates too
     assert not [n for n in names if "+" in n]  # '+me' is no resource name: the scheduler refused it
 
 
-def test_kube_scheduler_counts_the_gpu_resources_too() -> None:
-    # ignoredByScheduler: true would blind DefaultPreemption to GPUs (its dry run runs the in-tree
-    # filters only, finds no GPU victim and never asks the extender's preempt): see the config's comment
+def test_every_pod_of_the_profile_goes_to_the_extender_and_kube_scheduler_counts_gpus_too() -> None:
+    # No managedResources: kube-scheduler asks the extender about every pod of the profile (the webhook
+    # sends CPU-only pods of opted-in namespaces there too), and no GPU resource is ignoredByScheduler,
+    # which would blind DefaultPreemption to GPUs (its dry run runs the in-tree filters only, finds no
+    # GPU victim and never asks the extender's preempt): see the config's comment
     ext = scheduler_config()["extenders"][0]
-    assert all(m["ignoredByScheduler"] is False for m in ext["managedResources"])
-    assert "preemptVerb" in ext
+    assert "managedResources" not in ext
+    assert "preemptVerb" in ext and "bindVerb" in ext
 
 
 def test_client_connection_lifts_the_default_rate_limit() -> None:
@@ -101,10 +111,11 @@ def test_kube_scheduler_v1_28_accepts_the_config_and_refuses_a_plus_me_name(tmp_
     code, err, written = _load_with_kube_scheduler(binary, scheduler_config(), tmp_path / "ours")
     assert code == 0, err
     assert (written["clientConnection"]["qps"], written["clientConnection"]["burst"]) == (500, 1000)
-    ours = {m["name"] for m in scheduler_config()["extenders"][0]["managedResources"]}
-    assert {m["name"] for m in written["extenders"][0]["managedResources"]} == ours
-    bad = scheduler_config()
-    bad["extenders"][0]["managedResources"].append({"name": "nvidia.com/mig-1g.10gb+me", "ignoredByScheduler": False})
+    assert not written["extenders"][0].get("managedResources")
+    fit = next(c for c in written["profiles"][0]["pluginConfig"] if c["name"] == "NodeResourcesFit")
+    assert {r["name"] for r in fit["args"]["scoringStrategy"]["resources"]} == set(scored_resources())
+    bad = scheduler_config()  # a '+me' name, had the list of GPU resources one
+    bad["extenders"][0]["managedResources"] = [{"name": "nvidia.com/mig-1g.10gb+me", "ignoredByScheduler": False}]
     code, err, _ = _load_with_kube_scheduler(binary, bad, tmp_path / "plus-me")
     assert code != 0 and "nvidia.com/mig-1g.10gb+me: name part must consist" in err
 

@@ -9,7 +9,12 @@ from typing import Any
 import pytest
 
 from gpu_tailor.extender.scores import MAX_SCORE
-from tests.extender.test_manifests import _kube_scheduler, _load_with_kube_scheduler, scheduler_config
+from tests.extender.test_manifests import (
+    _kube_scheduler,
+    _load_with_kube_scheduler,
+    gpu_resource_names,
+    scheduler_config,
+)
 
 MAX_NODE_SCORE = 100  # a score plugin's range; an extender's 0..MAX_SCORE is scaled by 100 / 10
 # kube-scheduler v1.28's default score plugins and weights (pkg/scheduler/apis/config/v1/default_plugins.go)
@@ -41,7 +46,7 @@ def profile_problems(config: dict[str, Any]) -> list[str]:
     if strategy["type"] != "MostAllocated":
         problems.append(f"NodeResourcesFit scores {strategy['type']}: it does not pack")
     by_name = {r["name"]: r["weight"] for r in strategy.get("resources") or []}
-    managed = [m["name"] for m in ext["managedResources"]]
+    managed = sorted(gpu_resource_names())
     if missing := [n for n in managed if n not in by_name]:
         problems.append(f"GPU resources not scored by NodeResourcesFit: {missing[:3]}...")
     elif min(by_name[n] for n in managed) <= max(by_name.get("cpu", 0), by_name.get("memory", 0)):

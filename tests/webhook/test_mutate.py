@@ -194,8 +194,22 @@ def test_k_init_container_and_virtual_container_share_one_node() -> None:
     assert resources(pod, 0, "initContainers")["limits"] == {"nvidia.com/gpu": "1"}
 
 
-def test_l_no_gpu_is_left_alone() -> None:
+def test_l_no_gpu_goes_to_gpu_tailors_scheduler_and_nothing_else_changes() -> None:
     d, _ = run("l")
+    assert d.allowed and d.backing == "none" and d.warnings == ()
+    assert d.patch == [{"op": "replace", "path": "/spec/schedulerName", "value": labels.GPU_TAILOR_SCHEDULER}]
+
+
+@pytest.mark.parametrize(("policy", "spec"), [
+    pytest.param("cpuOnlyPods: false", {}, id="policy-off"),
+    pytest.param("schedulerName: ''", {}, id="no-scheduler-name"),
+    pytest.param("", {"schedulerName": "volcano"}, id="names-another-scheduler"),
+    pytest.param("", {"nodeName": "worker-1"}, id="created-bound"),
+])
+def test_l_no_gpu_is_left_alone(policy: str, spec: dict[str, Any]) -> None:
+    review = copy.deepcopy(review_fixture("l"))
+    review["request"]["object"]["spec"].update(spec)
+    d, _ = run("l", parse_policy(policy), review=review)
     assert d.allowed and d.patch == []
 
 
