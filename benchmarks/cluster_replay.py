@@ -15,8 +15,6 @@ pods carry 28% of the arriving GPU milli once rounded, seed 42, quarter scale) a
 ``nvidia.com/gpu: k``; CPU-only pods no GPU. Every count below uses the rounded milli, on both sides.
 The simulator side gets the same constraint the resources make in the cluster: fractional pods are
 offered only the time-sliced nodes, whole-GPU pods only the others, CPU-only pods all.
-One thing differs and favours the cluster: kube-scheduler counts replicas per node and the device
-plugin may hand a pod replicas of several GPUs, while the simulator needs the whole share on one GPU.
 
 Pods. The simulator's protocol (``simulate.trace.arrivals``: openb pods sorted by name, shuffled with
 the seed, trimmed or inflated to 1.3 x this cluster's GPU capacity), cut where arrived GPU milli reaches
@@ -26,22 +24,28 @@ drops it. Allocation as the simulator measures it: after each arrival, arrived% 
 capacity) and alloc% = bound milli / capacity; the number reported is the mean alloc% of the events
 whose arrived% is 100.
 
-Runs, all on the same nodes and arrivals:
-- kube-scheduler alone: the control plane's own kube-scheduler (default profile), pods in a
-  namespace the webhook ignores, ``schedulerName: default-scheduler``;
-- kube-scheduler with gpu-tailor (``--runs shipped``): pods created in the opted-in namespace with no
-  schedulerName, through the webhook, which sends GPU pods to ``gpu-tailor-scheduler`` (kube-scheduler
-  v1.28.7 with ``manifests/scheduler``'s profile and the extender, as ``tests/e2e`` runs them) and
-  leaves CPU-only pods to the cluster's kube-scheduler;
-- the same with CPU-only pods too through gpu-tailor (``--runs cpu``): they name
-  ``gpu-tailor-scheduler``, and its configuration loses ``managedResources``, so that kube-scheduler
-  sends every pod to the extender (with the list, it asks the extender about GPU pods only);
-- the simulator: ``gpumodel.policies`` over the same fleet (``tailor``, and ``random`` and ``fgd``
-  for reference), ties to a random node rank as ``gpu-tailor simulate`` does; beside the shipped run,
-  ``tailor`` with CPU-only pods placed as kube-scheduler's LeastAllocated would place them.
+Runs, all on the same nodes and arrivals, one after the other on one control plane (each from empty
+nodes) with gpu-tailor installed from ``manifests/`` as ``tests/e2e`` installs it:
+- ``tailor``: kube-scheduler with gpu-tailor as shipped: pods created in the opted-in namespace with no
+  schedulerName; the webhook sends every one to ``gpu-tailor-scheduler`` (kube-scheduler v1.28.7 with
+  the profile and the extender);
+- ``legacy``: the same, but CPU-only pods carry ``gpu-tailor.io/skip=true``, so the cluster's own
+  kube-scheduler places them (what a deployment with the webhook's ``cpuOnlyPods: false`` does);
+- ``alone``: the control plane's own kube-scheduler (default profile), pods in a namespace the webhook
+  ignores, ``schedulerName: default-scheduler``.
+
+The simulator runs the same policies over the same fleet, and models kube-scheduler's part
+(``KubeModel``): its count filters (CPU, memory, and GPUs or replicas per node, as the device plugin
+advertises them), the profile's scores, and its random choice among equal totals (so the columns it
+randomises are means over ``--sim-seeds``). With gpu-tailor, the policy's choice wins, as the
+extender's rank scores outweigh kube-scheduler's; a fractional pod that no single GPU can hold still
+goes where kube-scheduler counts enough free replicas, and its replicas are recorded one at a time,
+best fit, as the extender records them. kube-scheduler alone is its default profile: LeastAllocated
+plus BalancedAllocation on CPU and memory, over the first feasible nodes its adaptive
+``percentageOfNodesToScore`` finds.
 
     python benchmarks/cluster_replay.py [--scale 0.25] [--seed 42] [--shared 0.3] [--replicas 20]
-        [--runs shipped,cpu] [--extender-weight N] [--sim-only]
+        [--runs tailor,legacy,alone] [--extender-weight N] [--sim-only] [--sim-seeds 5]
 """
 
 from __future__ import annotations
@@ -65,13 +69,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpu_tailor.gpumodel.fleet import MILLI, Shape  # noqa: E402
+from gpu_tailor.gpumodel.fleet import MILLI, Fleet, Shape  # noqa: E402
+from gpu_tailor.gpumodel.labels import POD_OPT_OUT_LABEL  # noqa: E402
 from gpu_tailor.gpumodel.policies import POLICIES, FgdPolicy, Mix, Policy  # noqa: E402
 from gpu_tailor.simulate.trace import TraceNode, TracePod, arrivals, build_fleet, load_nodes, load_pods  # noqa: E402
 from tests.e2e import services  # noqa: E402
 from tests.e2e.cluster import OPTED_IN, PLAIN, ControlPlane, k8s_dir  # noqa: E402
 from tests.e2e.kube import Kube, api_path, load_kubeconfig  # noqa: E402
-from tests.e2e.services import SCHEDULER_NAME, start_stack  # noqa: E402
+from tests.e2e.services import start_stack  # noqa: E402
 
 TRACE = REPO / "gpu_tailor" / "data" / "trace"
 # GPU memory (MiB) for the GFD label; openb names the models only. Nothing here asks for GPU memory.
@@ -141,8 +146,14 @@ class Meter:
         self.sum = 0.0
         self.n = 0
         self.failed = Counter[str]()
+        self.on_shared = Counter[str]()  # pods placed on time-sliced nodes, by kind
+        self.where: list[str | None] = []  # each arrival's node, None if dropped
 
-    def event(self, pod: Pod, placed: bool) -> None:
+    def event(self, pod: Pod, node: str | None, shared: bool = False) -> None:
+        """One arrival, placed on ``node`` or dropped; ``shared``: the node is time-sliced."""
+        placed = node is not None
+        self.where.append(node)
+        self.on_shared[kind(pod)] += shared
         self.arrived += pod.shape.gpu_milli
         if placed:
             self.used += pod.shape.gpu_milli
@@ -163,45 +174,174 @@ def kind(pod: Pod) -> str:
 
 
 # ----- the simulator on the same nodes and arrivals -----
-def simulate(nodes: list[Node], seq: list[Pod], all_pods: list[Pod], policy: str, seed: int,
+# kube-scheduler v1.28's scoring, as the replay's two schedulers are configured. Only what differs
+# between nodes here is modelled: every node is untainted, unlabelled for affinity and holds no images,
+# and the replay's pods have no owners, so the remaining default plugins score every node alike.
+MAX_NODE_SCORE = 100
+GPU_WEIGHT = 10  # manifests/scheduler: NodeResourcesFit MostAllocated, cpu 1, memory 1, GPU resources 10
+MIN_FEASIBLE_NODES, MIN_FEASIBLE_PERCENT = 100, 5  # pkg/scheduler/schedule_one.go
+
+
+def nodes_to_score(n: int) -> int:
+    """How many feasible nodes kube-scheduler's default (adaptive) percentageOfNodesToScore looks for."""
+    if n < MIN_FEASIBLE_NODES:
+        return n
+    percent = max(50 - n // 125, MIN_FEASIBLE_PERCENT)
+    return max(n * percent // 100, MIN_FEASIBLE_NODES)
+
+
+class KubeModel:
+    """kube-scheduler's view of the fleet: CPU, memory and device-plugin units counted per node.
+
+    ``units``: free GPU units per row (idle GPUs on whole-GPU nodes, free replicas on time-sliced ones),
+    which is all kube-scheduler counts; the per-GPU picture stays in the fleet."""
+
+    def __init__(self, fleet: Fleet, rows: np.ndarray, nodes: list[Node], step: int, seed: int) -> None:
+        self.fleet, self.rows, self.step = fleet, rows, step
+        self.shared = np.array([n.shared for n in nodes])
+        self.cpu_cap, self.mem_cap = fleet.cpu[rows].copy(), fleet.mem[rows].copy()
+        self.unit_cap = np.array([n.trace.gpus * (MILLI // step if n.shared else 1) for n in nodes])
+        self.rng = random.Random(seed)
+        self.next_start = 0  # the default profile's round-robin start (percentageOfNodesToScore)
+
+    def units_free(self) -> np.ndarray:
+        gpu = self.fleet.gpu[self.rows]
+        per_replica = np.where(gpu > 0, gpu // self.step, 0).sum(axis=1)
+        idle = (gpu == MILLI).sum(axis=1)
+        out: np.ndarray = np.where(self.shared, per_replica, idle)
+        return out
+
+    def fits(self, pod: Pod) -> np.ndarray:
+        """kube-scheduler's NodeResourcesFit filter: CPU, memory and the pod's device-plugin resource."""
+        s = pod.shape
+        ok = (self.fleet.cpu[self.rows] >= s.cpu) & (self.fleet.mem[self.rows] >= s.mem)
+        if s.gpus:
+            ok &= (self.shared if pod.replicas else ~self.shared) & (self.units_free() >= units(pod))
+        out: np.ndarray = ok
+        return out
+
+    def _used(self, pod: Pod) -> tuple[np.ndarray, np.ndarray]:
+        s = self.pod_cpu_mem(pod)
+        return (self.cpu_cap - self.fleet.cpu[self.rows] + s[0], self.mem_cap - self.fleet.mem[self.rows] + s[1])
+
+    @staticmethod
+    def pod_cpu_mem(pod: Pod) -> tuple[int, int]:
+        # scoring counts a pod without requests as 100m CPU and 200 MiB (schedutil.GetNonzeroRequests)
+        return pod.shape.cpu or 100, pod.shape.mem or 200
+
+    def most_allocated(self, pod: Pod) -> np.ndarray:
+        """gpu-tailor-scheduler's NodeResourcesFit score (MostAllocated, GPU resources weighing 10)."""
+        cpu, mem = self._used(pod)
+        score = cpu * MAX_NODE_SCORE // self.cpu_cap + mem * MAX_NODE_SCORE // self.mem_cap
+        weights = 2
+        if pod.shape.gpus:
+            used = self.unit_cap - self.units_free() + units(pod)
+            score = score + GPU_WEIGHT * (used * MAX_NODE_SCORE // self.unit_cap)
+            weights += GPU_WEIGHT
+        out: np.ndarray = score // weights
+        return out
+
+    def default_profile(self, pod: Pod) -> np.ndarray:
+        """The default profile's NodeResourcesFit (LeastAllocated) plus NodeResourcesBalancedAllocation."""
+        cpu, mem = self._used(pod)
+        least = ((self.cpu_cap - cpu) * MAX_NODE_SCORE // self.cpu_cap
+                 + (self.mem_cap - mem) * MAX_NODE_SCORE // self.mem_cap) // 2
+        fc, fm = np.minimum(cpu / self.cpu_cap, 1.0), np.minimum(mem / self.mem_cap, 1.0)
+        balanced = ((1 - np.abs(fc - fm) / 2) * MAX_NODE_SCORE).astype(np.int64)
+        out: np.ndarray = least + balanced
+        return out
+
+    def pick(self, ok: np.ndarray, scores: np.ndarray) -> int:
+        """The row kube-scheduler binds among ``ok`` (indexes into ``rows``): best score, ties at random."""
+        best = np.flatnonzero(ok & (scores == scores[ok].max()))
+        return int(best[self.rng.randrange(len(best))])
+
+    def sample(self, ok: np.ndarray) -> np.ndarray:
+        """The default profile scores only the first ``nodes_to_score`` feasible nodes, searching from
+        where the last search stopped (in the order nodes joined)."""
+        n, want = len(ok), nodes_to_score(len(ok))
+        order = (np.arange(n) + self.next_start) % n
+        hits = np.flatnonzero(ok[order])
+        if len(hits) <= want:  # every node was searched: the next search starts where this one did
+            return ok
+        last = int(hits[want - 1])
+        self.next_start = (self.next_start + last + 1) % n
+        kept = np.zeros(n, bool)
+        kept[order[hits[:want]]] = True
+        return kept
+
+
+def units(pod: Pod) -> int:
+    return pod.replicas or pod.shape.gpus
+
+
+def place(fleet: Fleet, at: int, pod: Pod, step: int, gpus: tuple[int, ...]) -> None:
+    """What the bind leaves on the node. Replicas as the extender records them (``Replicas.fit``): one
+    at a time, each on the fitting GPU with the least free compute, lowest index on ties."""
+    if not pod.replicas:
+        fleet.take(at, pod.shape, gpus)
+        return
+    fleet.take(at, Shape(pod.shape.cpu, pod.shape.mem), ())
+    for _ in range(pod.replicas):
+        free = fleet.gpu[at, : fleet.ngpu[at]]
+        g = min((int(f), i) for i, f in enumerate(free) if f >= step)[1]
+        fleet.take(at, Shape(0, 0, 1, step), (g,))
+
+
+def simulate(nodes: list[Node], seq: list[Pod], all_pods: list[Pod], policy: str, seed: int, step: int,
              cpu_spread: bool = False) -> Meter:
-    """One policy over the fleet; ``cpu_spread``: CPU-only pods go where kube-scheduler's default profile
-    puts them (LeastAllocated over CPU and memory; the webhook leaves them to that scheduler)."""
+    """One policy over the fleet, with kube-scheduler's part modelled as ``KubeModel`` does.
+
+    ``policy`` ``kube-default``: kube-scheduler alone (default profile). Otherwise the policy as the
+    extender runs it, where the extender's rank scores outweigh kube-scheduler's: the policy's choice
+    wins; a fractional pod the policy finds no single GPU for still fits where kube-scheduler counts
+    enough free replicas (the extender lets it through with score 0), and kube-scheduler's MostAllocated
+    picks among those. ``cpu_spread``: CPU-only pods go to the cluster's default profile instead."""
     fleet = build_fleet([n.trace for n in nodes], "none", seed)
     rows = fleet.rows()
-    cpu_cap, mem_cap = fleet.cpu[rows].copy(), fleet.mem[rows].copy()
-    shared_rows = rows[[n.shared for n in nodes]]
-    whole_rows = rows[[not n.shared for n in nodes]]
+    kube = KubeModel(fleet, rows, nodes, step, seed)
     mix = Mix()
     for p in all_pods:
         mix.observe(p.shape)
-    engine: Policy = FgdPolicy(fleet, seed, mix=mix) if policy == "fgd" else POLICIES[policy](fleet, seed)
+    engine: Policy | None = None
+    if policy != "kube-default":
+        engine = FgdPolicy(fleet, seed, mix=mix) if policy == "fgd" else POLICIES[policy](fleet, seed)
     meter = Meter(fleet.capacity_milli())
     for pod in seq:
         shape = pod.shape
-        engine.observe(shape)
-        if cpu_spread and not shape.gpus:
-            free_cpu, free_mem = fleet.cpu[rows], fleet.mem[rows]
-            fits = (free_cpu >= shape.cpu) & (free_mem >= shape.mem)
-            if fits.any():
-                free = (free_cpu - shape.cpu) / cpu_cap + (free_mem - shape.mem) / mem_cap
-                at = int(rows[np.argmax(np.where(fits, free, -np.inf))])
-                fleet.take(at, shape, ())
+        at: int | None = None
+        gpus: tuple[int, ...] = ()
+        if engine is not None:
+            engine.observe(shape)
+        if engine is None or (cpu_spread and not shape.gpus):
+            ok = kube.fits(pod)
+            if ok.any():
+                scored = kube.sample(ok)
+                at = int(rows[kube.pick(scored, kube.default_profile(pod))])
+                gpus = tuple(fleet.free_gpus(at)[: shape.gpus]) if shape.gpus and not pod.replicas else ()
+        else:
+            offered = kube.fits(pod)
+            choice = engine.choose(shape, rows[offered])
+            if choice is not None:
+                at, gpus = choice.node, choice.gpus
+            elif pod.replicas and offered.any():
+                at = int(rows[kube.pick(offered, kube.most_allocated(pod))])
+        if at is not None:
+            place(fleet, at, pod, step, gpus)
+            if engine is not None:
                 engine.placed(at, shape)
-            meter.event(pod, bool(fits.any()))
-            continue
-        choice = engine.choose(shape, rows if not shape.gpus else shared_rows if pod.replicas else whole_rows)
-        if choice is not None:
-            fleet.take(choice.node, shape, choice.gpus)
-            engine.placed(choice.node, shape)
-        meter.event(pod, choice is not None)
+        meter.event(pod, None if at is None else node_name(nodes[at]), at is not None and nodes[at].shared)
     return meter
 
 
 # ----- the real control plane -----
+def node_name(n: Node) -> str:
+    return f"{n.trace.name.lower()}-{'ts' if n.shared else 'whole'}"
+
+
 def node_object(n: Node, replicas: int) -> tuple[dict[str, Any], dict[str, Any]]:
     t = n.trace
-    name = f"{t.name.lower()}-{'ts' if n.shared else 'whole'}"
+    name = node_name(n)
     labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
               "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(t.gpus),
               "nvidia.com/gpu.product": f"{t.model}-SHARED" if n.shared else t.model,
@@ -221,7 +361,8 @@ def node_object(n: Node, replicas: int) -> tuple[dict[str, Any], dict[str, Any]]
     return obj, status
 
 
-def pod_object(pod: Pod, i: int, scheduler: str | None) -> dict[str, Any]:
+def pod_object(pod: Pod, i: int, scheduler: str | None, skip: bool = False) -> dict[str, Any]:
+    """The pod as created; ``skip``: labelled so that the webhook leaves it alone."""
     s = pod.shape
     requests: dict[str, str] = {}
     if s.cpu:
@@ -235,7 +376,8 @@ def pod_object(pod: Pod, i: int, scheduler: str | None) -> dict[str, Any]:
         limits["nvidia.com/gpu"] = str(s.gpus)
     requests |= limits
     resources: dict[str, Any] = {"requests": requests} | ({"limits": limits} if limits else {})
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"r{i:05d}", "labels": {"replay": "openb"}},
+    meta_labels = {"replay": "openb"} | ({POD_OPT_OUT_LABEL: "true"} if skip else {})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"r{i:05d}", "labels": meta_labels},
             "spec": ({"schedulerName": scheduler} if scheduler else {}) | {
                 "terminationGracePeriodSeconds": 0,
                 "containers": [{"name": "main", "image": "busybox", "resources": resources}]}}
@@ -302,7 +444,7 @@ class Outcomes:
 
 
 async def replay_real(api: Api, namespace: str, scheduler: str | None, seq: list[Pod], capacity: int,
-                      label: str, verbose: bool = True, cpu_scheduler: str | None = None) -> tuple[Meter, float]:
+                      label: str, verbose: bool = True, skip_cpu_only: bool = False) -> tuple[Meter, float]:
     listed = await api.call("GET", f"/api/v1/namespaces/{namespace}/pods")
     outcomes = Outcomes()
     watch = asyncio.create_task(outcomes.run(api, namespace, listed["metadata"]["resourceVersion"]))
@@ -310,7 +452,7 @@ async def replay_real(api: Api, namespace: str, scheduler: str | None, seq: list
     t0 = time.monotonic()
     try:
         for i, pod in enumerate(seq):
-            obj = pod_object(pod, i, scheduler or (cpu_scheduler if not pod.shape.gpus else None))
+            obj = pod_object(pod, i, scheduler, skip=skip_cpu_only and not pod.shape.gpus)
             fut = outcomes.expect(obj["metadata"]["name"])
             outcomes.kinds[obj["metadata"]["name"]] = kind(pod)
             await api.call("POST", f"/api/v1/namespaces/{namespace}/pods", obj)
@@ -322,7 +464,7 @@ async def replay_real(api: Api, namespace: str, scheduler: str | None, seq: list
             if node is None:  # dropped, as the simulator drops it: no retry later
                 await api.call("DELETE", f"/api/v1/namespaces/{namespace}/pods/{obj['metadata']['name']}"
                                "?gracePeriodSeconds=0")
-            meter.event(pod, node is not None)
+            meter.event(pod, node, node is not None and node.endswith("-ts"))
             if (i + 1) % 250 == 0:
                 print(f"  {label}: {i + 1}/{len(seq)} pods, {time.monotonic() - t0:.0f} s", flush=True)
     finally:
@@ -343,8 +485,11 @@ async def clear(api: Api, namespace: str) -> None:
         await asyncio.sleep(0.2)
 
 
+RUNS = ("tailor", "legacy", "alone")  # the order they run in on one control plane
+
+
 async def real_runs(kube: Kube, nodes: list[Node], seq: list[Pod], replicas: int, fixture_nodes: list[str],
-                    cpu_to_extender: bool) -> dict[str, tuple[Meter, float]]:
+                    runs: list[str]) -> dict[str, tuple[Meter, float]]:
     capacity = sum(n.trace.gpus for n in nodes) * MILLI
     url = f"https://{kube.host}:{kube.port}"
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=kube.ctx, limit=16)) as session:
@@ -354,32 +499,30 @@ async def real_runs(kube: Kube, nodes: list[Node], seq: list[Pod], replicas: int
         t0 = time.monotonic()
         await install_nodes(api, nodes, replicas)
         print(f"({len(nodes)} nodes created in {time.monotonic() - t0:.0f} s)", flush=True)
-        out = {}
-        if cpu_to_extender:  # CPU-only pods name gpu-tailor-scheduler, whose extender then takes every pod
-            out["gpu-tailor"] = await replay_real(api, OPTED_IN, None, seq, capacity, "gpu-tailor, CPU pods too",
-                                                  cpu_scheduler=SCHEDULER_NAME)
-            return out
-        # gpu-tailor first: the extender counts every namespace's pods, so it starts from empty nodes.
-        # No schedulerName: the webhook sends GPU pods to gpu-tailor-scheduler and leaves CPU-only pods to
-        # the cluster's kube-scheduler, as in a deployment.
-        out["gpu-tailor"] = await replay_real(api, OPTED_IN, None, seq, capacity, "gpu-tailor")
-        await clear(api, OPTED_IN)
-        out["default"] = await replay_real(api, PLAIN, "default-scheduler", seq, capacity, "kube-scheduler alone")
+        out: dict[str, tuple[Meter, float]] = {}
+        for run in (r for r in RUNS if r in runs):
+            # one run at a time, each on empty nodes: the extender counts every namespace's pods
+            if run == "tailor":  # as deployed: no schedulerName, the webhook sends every pod to gpu-tailor
+                out[run] = await replay_real(api, OPTED_IN, None, seq, capacity, "gpu-tailor")
+            elif run == "legacy":  # CPU-only pods opt out of the webhook and go to the cluster's scheduler
+                out[run] = await replay_real(api, OPTED_IN, None, seq, capacity, "gpu-tailor, CPU-only pods skip",
+                                             skip_cpu_only=True)
+            else:
+                out[run] = await replay_real(api, PLAIN, "default-scheduler", seq, capacity, "kube-scheduler alone")
+            await clear(api, PLAIN if run == "alone" else OPTED_IN)
     return out
 
 
-def on_control_plane(nodes: list[Node], seq: list[Pod], replicas: int, cpu_to_extender: bool,
+def on_control_plane(nodes: list[Node], seq: list[Pod], replicas: int, runs: list[str],
                      weight: int | None) -> dict[str, tuple[Meter, float]]:
-    """A fresh control plane with gpu-tailor as tests/e2e runs it; with ``cpu_to_extender`` the scheduler's
-    configuration loses ``managedResources`` (kube-scheduler then sends every pod to the extender)."""
+    """A fresh control plane with gpu-tailor as tests/e2e runs it from ``manifests/`` (``weight``: the
+    extender's, instead of the manifest's)."""
     started = time.monotonic()
     original = services.scheduler_config
 
-    def all_pods_to_extender(*a: Any) -> dict[str, Any]:
+    def with_weight(*a: Any) -> dict[str, Any]:
         config = original(*a)
         for ext in config["extenders"]:
-            if cpu_to_extender:
-                ext.pop("managedResources", None)
             if weight is not None:
                 ext["weight"] = weight
         return config
@@ -389,13 +532,13 @@ def on_control_plane(nodes: list[Node], seq: list[Pod], replicas: int, cpu_to_ex
         cp = ControlPlane(k8s_dir() / "control-plane.sh", workdir / "k8s")
         stack = None
         try:
-            services.scheduler_config = all_pods_to_extender
+            services.scheduler_config = with_weight
             cp.up()
             kube = Kube(load_kubeconfig(cp.kubeconfig), workdir / "admin")
             stack = start_stack(cp, kube, workdir)
             fixtures = [n["metadata"]["name"] for n in kube.list(api_path("nodes"))]
             print(f"(control plane and gpu-tailor up in {time.monotonic() - started:.0f} s)", flush=True)
-            return asyncio.run(real_runs(kube, nodes, seq, replicas, fixtures, cpu_to_extender))
+            return asyncio.run(real_runs(kube, nodes, seq, replicas, fixtures, runs))
         finally:
             services.scheduler_config = original
             if stack is not None:
@@ -409,55 +552,82 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--shared", type=float, default=0.3, help="share of each model's nodes time-sliced")
     parser.add_argument("--replicas", type=int, default=20, help="time-sliced replicas per GPU")
-    parser.add_argument("--runs", default="shipped,cpu", help="shipped: CPU-only pods left to the cluster's "
-                        "kube-scheduler, and kube-scheduler alone; cpu: CPU-only pods through gpu-tailor-scheduler")
+    parser.add_argument("--runs", default=",".join(RUNS), help="tailor: every pod through gpu-tailor, as "
+                        "deployed; legacy: CPU-only pods left to the cluster's kube-scheduler; alone: "
+                        "kube-scheduler alone")
     parser.add_argument("--extender-weight", type=int, help="instead of manifests/scheduler's weight")
+    parser.add_argument("--dump", type=Path, help="write each run's node per arrival (JSON) to this file")
     parser.add_argument("--sim-only", action="store_true", help="the simulator columns only, no control plane")
+    parser.add_argument("--sim-seeds", type=int, default=5,
+                        help="seeds for the simulator's kube-scheduler model (it breaks ties at random)")
     args = parser.parse_args()
     started = time.monotonic()
     nodes = scaled_nodes(args.scale, args.shared, args.seed)
     pods = trace_pods(args.replicas)
     seq = arrival_order(nodes, pods, args.seed)
+    step = MILLI // args.replicas
     gpus = sum(n.trace.gpus for n in nodes)
     models = Counter(n.trace.model for n in nodes)
     print(f"{len(nodes)} nodes ({sum(n.shared for n in nodes)} time-sliced x{args.replicas}), {gpus} GPUs: "
           + ", ".join(f"{m} {c}" for m, c in sorted(models.items())))
     print(f"{len(seq)} pods arriving (seed {args.seed}): " + ", ".join(
         f"{k} {c}" for k, c in sorted(Counter(kind(p) for p in seq).items())))
-    sims = {p: simulate(nodes, seq, pods, p, args.seed) for p in ("tailor", "fgd", "random")}
-    spread = simulate(nodes, seq, pods, "tailor", args.seed, cpu_spread=True)
-    shipped: dict[str, tuple[Meter, float]] = {}
-    variant: dict[str, tuple[Meter, float]] = {}
+
+    def sim(policy: str, cpu_spread: bool = False) -> list[Meter]:
+        """The simulator, on as many seeds as kube-scheduler's random tie-breaking makes worth it."""
+        randomised = policy in ("kube-default", "random") or cpu_spread
+        return [simulate(nodes, seq, pods, policy, args.seed + k, step, cpu_spread)
+                for k in range(args.sim_seeds if randomised else 1)]
+
+    sims = {p: sim(p) for p in ("tailor", "fgd", "random", "kube-default")}
+    spread = sim("tailor", cpu_spread=True)
+    real: dict[str, tuple[Meter, float]] = {}
     if not args.sim_only:
         if not (k8s_dir() / "control-plane.sh").is_file():
             print(f"no control plane: {k8s_dir() / 'control-plane.sh'} is absent", file=sys.stderr)
             return 2
-        runs = args.runs.split(",")
-        if "shipped" in runs:
-            shipped = on_control_plane(nodes, seq, args.replicas, False, args.extender_weight)
-        if "cpu" in runs:
-            variant = on_control_plane(nodes, seq, args.replicas, True, args.extender_weight)
+        real = on_control_plane(nodes, seq, args.replicas, args.runs.split(","), args.extender_weight)
 
-    def cell(m: tuple[Meter, float] | Meter | None) -> str:
-        if m is None:
+    if args.dump:
+        simulated = {k: v[0].where for k, v in sims.items()} | {"legacy": spread[0].where}
+        args.dump.write_text(json.dumps({"real": {k: v[0].where for k, v in real.items()}, "sim": simulated}))
+
+    def cell(meters: list[Meter] | tuple[Meter, float] | None) -> str:
+        if meters is None:
             return "-"
-        meter = m if isinstance(m, Meter) else m[0]
-        failed = ", ".join(f"{k} {meter.failed[k]}" for k in ("frac", "1gpu", "multi", "cpu") if meter.failed[k])
-        return f"{meter.alloc:.2f} (failed: {failed or 'none'})"
+        ms = [meters[0]] if isinstance(meters, tuple) else meters
+        failed = ", ".join(f"{k} {sum(m.failed[k] for m in ms) / len(ms):g}" for k in ("frac", "1gpu", "multi", "cpu")
+                           if any(m.failed[k] for m in ms))
+        allocs = [m.alloc for m in ms]
+        spread_note = f" ({min(allocs):.2f}-{max(allocs):.2f}, {len(ms)} seeds)" if len(ms) > 1 else ""
+        return f"{sum(allocs) / len(allocs):.2f}{spread_note} (failed: {failed or 'none'})"
 
-    alone = shipped.get("default")
+    def mean(meters: list[Meter] | tuple[Meter, float]) -> float:
+        ms = [meters[0]] if isinstance(meters, tuple) else meters
+        return sum(m.alloc for m in ms) / len(ms)
+
     print()
-    print("| CPU-only pods placed by | kube-scheduler alone | kube-scheduler + gpu-tailor | simulator (tailor) |")
-    print("|---|---|---|---|")
-    print(f"| the cluster's kube-scheduler (the webhook leaves them to it) | {cell(alone)} | "
-          f"{cell(shipped.get('gpu-tailor'))} | {cell(spread)} |")
-    print(f"| gpu-tailor (schedulerName gpu-tailor-scheduler, no managedResources) | {cell(alone)} | "
-          f"{cell(variant.get('gpu-tailor'))} | {cell(sims['tailor'])} |")
-    timed = [*shipped.items(), *(("cpu-variant", v) for v in variant.values())]
-    print("allocation % at 100% of GPU capacity arrived; failed: pods dropped, by kind. Seconds per real run: "
-          + ", ".join(f"{k} {v[1]:.0f}" for k, v in timed))
-    print(f"simulator, same nodes and arrivals: fgd {sims['fgd'].alloc:.2f}, random {sims['random'].alloc:.2f} "
-          f"(tailor - random = {sims['tailor'].alloc - sims['random'].alloc:.2f})")
+    print("| | real kube-scheduler | simulator |")
+    print("|---|---|---|")
+    print(f"| kube-scheduler alone (default profile) | {cell(real.get('alone'))} | {cell(sims['kube-default'])} |")
+    print(f"| kube-scheduler + gpu-tailor, as shipped | {cell(real.get('tailor'))} | {cell(sims['tailor'])} |")
+    print(f"| ... CPU-only pods left to kube-scheduler alone | {cell(real.get('legacy'))} | {cell(spread)} |")
+    print("allocation % at 100% of GPU capacity arrived; failed: pods dropped, by kind (mean over seeds). "
+          "Seconds per real run: " + ", ".join(f"{k} {v[1]:.0f}" for k, v in real.items()))
+    def on_shared(meters: list[Meter] | tuple[Meter, float] | None) -> str:
+        ms = [] if meters is None else [meters[0]] if isinstance(meters, tuple) else meters
+        return f"{sum(m.on_shared['cpu'] for m in ms) / len(ms):g}" if ms else "-"
+
+    print("CPU-only pods on time-sliced nodes, real / simulator: "
+          f"alone {on_shared(real.get('alone'))} / {on_shared(sims['kube-default'])}, "
+          f"as shipped {on_shared(real.get('tailor'))} / {on_shared(sims['tailor'])}, "
+          f"CPU-only pods left to kube-scheduler {on_shared(real.get('legacy'))} / {on_shared(spread)}")
+    lead_sim = mean(sims["tailor"]) - mean(sims["kube-default"])
+    print(f"simulator: fgd {cell(sims['fgd'])}, random {cell(sims['random'])}; tailor - random = "
+          f"{mean(sims['tailor']) - mean(sims['random']):.2f}, tailor - kube-scheduler alone = {lead_sim:.2f}")
+    if "tailor" in real and "alone" in real:
+        print(f"real: gpu-tailor - kube-scheduler alone = {mean(real['tailor']) - mean(real['alone']):.2f}; "
+              f"real - simulator with gpu-tailor = {mean(real['tailor']) - mean(sims['tailor']):.2f}")
     print(f"(whole run {time.monotonic() - started:.0f} s)")
     return 0
 
