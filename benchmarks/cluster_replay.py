@@ -36,13 +36,14 @@ nodes) with gpu-tailor installed from ``manifests/`` as ``tests/e2e`` installs i
 
 The simulator runs the same policies over the same fleet, and models kube-scheduler's part
 (``KubeModel``): its count filters (CPU, memory, and GPUs or replicas per node, as the device plugin
-advertises them), the profile's scores, and its random choice among equal totals (so the columns it
-randomises are means over ``--sim-seeds``). With gpu-tailor, the policy's choice wins, as the
-extender's rank scores outweigh kube-scheduler's; a fractional pod that no single GPU can hold still
-goes where kube-scheduler counts enough free replicas, and its replicas are recorded one at a time,
-best fit, as the extender records them. kube-scheduler alone is its default profile: LeastAllocated
-plus BalancedAllocation on CPU and memory, over the first feasible nodes its adaptive
-``percentageOfNodesToScore`` finds.
+advertises them), the profile's scores, and its random choice among equal totals (so every simulator
+cell is a mean over ``--sim-seeds``). With gpu-tailor, a node's total is the extender's prioritize
+score (``extender_scores``, the extender's own code: by rank of the policy's score, then least free
+GPU share) times the manifest's weight, plus MostAllocated with the GPU resources weighing 10. A
+fractional pod that no single GPU can hold still passes the extender's filter where there are enough
+free replicas (score 0), and its replicas are recorded one at a time, best fit, as the extender
+records them. kube-scheduler alone is its default profile: LeastAllocated plus BalancedAllocation on
+CPU and memory, over the first feasible nodes its adaptive ``percentageOfNodesToScore`` finds.
 
     python benchmarks/cluster_replay.py [--scale 0.25] [--seed 42] [--shared 0.3] [--replicas 20]
         [--runs tailor,legacy,alone] [--extender-weight N] [--sim-only] [--sim-seeds 5]
@@ -65,10 +66,12 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, free_share  # noqa: E402
 from gpu_tailor.gpumodel.fleet import MILLI, Fleet, Shape  # noqa: E402
 from gpu_tailor.gpumodel.labels import POD_OPT_OUT_LABEL  # noqa: E402
 from gpu_tailor.gpumodel.policies import POLICIES, FgdPolicy, Mix, Policy  # noqa: E402
@@ -256,6 +259,23 @@ class KubeModel:
         best = np.flatnonzero(ok & (scores == scores[ok].max()))
         return int(best[self.rng.randrange(len(best))])
 
+    def with_extender(self, engine: Policy, pod: Pod, weight: int) -> int | None:
+        """The row gpu-tailor-scheduler binds: the extender's prioritize (``extender_scores`` on the
+        policy's scores, the extender's own code) times ``weight`` plus MostAllocated, ties at random.
+        Among the nodes kube-scheduler's filter passes, the extender's filter keeps those the policy
+        fits, and for replicas also those with enough free replicas on any GPUs (they score 0)."""
+        offered = self.fits(pod)
+        at = self.rows[offered]
+        raw, _ = engine.node_scores(pod.shape, at)
+        fits = ~np.isnan(raw)
+        ext = extender_scores(raw, fits, free_share(self.fleet, at))
+        keep = fits | (pod.replicas > 0)
+        if not keep.any():
+            return None
+        total = ext * weight * (MAX_NODE_SCORE // MAX_SCORE) + self.most_allocated(pod)[offered]
+        best = np.flatnonzero(keep & (total == total[keep].max()))
+        return int(at[best[self.rng.randrange(len(best))]])
+
     def sample(self, ok: np.ndarray) -> np.ndarray:
         """The default profile scores only the first ``nodes_to_score`` feasible nodes, searching from
         where the last search stopped (in the order nodes joined)."""
@@ -269,6 +289,14 @@ class KubeModel:
         kept = np.zeros(n, bool)
         kept[order[hits[:want]]] = True
         return kept
+
+
+def manifest_weight() -> int:
+    """The extender's weight in ``manifests/scheduler``."""
+    config = yaml.safe_load(yaml.safe_load((REPO / "manifests" / "scheduler" / "configmap.yaml").read_text())
+                            ["data"]["config.yaml"])
+    weight: int = config["extenders"][0]["weight"]
+    return weight
 
 
 def units(pod: Pod) -> int:
@@ -289,14 +317,13 @@ def place(fleet: Fleet, at: int, pod: Pod, step: int, gpus: tuple[int, ...]) -> 
 
 
 def simulate(nodes: list[Node], seq: list[Pod], all_pods: list[Pod], policy: str, seed: int, step: int,
-             cpu_spread: bool = False) -> Meter:
+             weight: int, cpu_spread: bool = False) -> Meter:
     """One policy over the fleet, with kube-scheduler's part modelled as ``KubeModel`` does.
 
     ``policy`` ``kube-default``: kube-scheduler alone (default profile). Otherwise the policy as the
-    extender runs it, where the extender's rank scores outweigh kube-scheduler's: the policy's choice
-    wins; a fractional pod the policy finds no single GPU for still fits where kube-scheduler counts
-    enough free replicas (the extender lets it through with score 0), and kube-scheduler's MostAllocated
-    picks among those. ``cpu_spread``: CPU-only pods go to the cluster's default profile instead."""
+    extender runs it, under gpu-tailor-scheduler's profile with the extender at ``weight``
+    (``KubeModel.with_extender``). ``cpu_spread``: CPU-only pods go to the cluster's default profile
+    instead."""
     fleet = build_fleet([n.trace for n in nodes], "none", seed)
     rows = fleet.rows()
     kube = KubeModel(fleet, rows, nodes, step, seed)
@@ -320,12 +347,9 @@ def simulate(nodes: list[Node], seq: list[Pod], all_pods: list[Pod], policy: str
                 at = int(rows[kube.pick(scored, kube.default_profile(pod))])
                 gpus = tuple(fleet.free_gpus(at)[: shape.gpus]) if shape.gpus and not pod.replicas else ()
         else:
-            offered = kube.fits(pod)
-            choice = engine.choose(shape, rows[offered])
-            if choice is not None:
-                at, gpus = choice.node, choice.gpus
-            elif pod.replicas and offered.any():
-                at = int(rows[kube.pick(offered, kube.most_allocated(pod))])
+            at = kube.with_extender(engine, pod, weight)
+            if at is not None and shape.gpus and not pod.replicas:
+                gpus = engine.whole_gpus(at, shape)
         if at is not None:
             place(fleet, at, pod, step, gpus)
             if engine is not None:
@@ -566,6 +590,7 @@ def main() -> int:
     pods = trace_pods(args.replicas)
     seq = arrival_order(nodes, pods, args.seed)
     step = MILLI // args.replicas
+    weight = args.extender_weight or manifest_weight()
     gpus = sum(n.trace.gpus for n in nodes)
     models = Counter(n.trace.model for n in nodes)
     print(f"{len(nodes)} nodes ({sum(n.shared for n in nodes)} time-sliced x{args.replicas}), {gpus} GPUs: "
@@ -574,10 +599,9 @@ def main() -> int:
         f"{k} {c}" for k, c in sorted(Counter(kind(p) for p in seq).items())))
 
     def sim(policy: str, cpu_spread: bool = False) -> list[Meter]:
-        """The simulator, on as many seeds as kube-scheduler's random tie-breaking makes worth it."""
-        randomised = policy in ("kube-default", "random") or cpu_spread
-        return [simulate(nodes, seq, pods, policy, args.seed + k, step, cpu_spread)
-                for k in range(args.sim_seeds if randomised else 1)]
+        """The simulator on ``--sim-seeds`` seeds: kube-scheduler breaks ties at random."""
+        return [simulate(nodes, seq, pods, policy, args.seed + k, step, weight, cpu_spread)
+                for k in range(args.sim_seeds)]
 
     sims = {p: sim(p) for p in ("tailor", "fgd", "random", "kube-default")}
     spread = sim("tailor", cpu_spread=True)
