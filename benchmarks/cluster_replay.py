@@ -38,12 +38,13 @@ The simulator runs the same policies over the same fleet, and models kube-schedu
 (``KubeModel``): its count filters (CPU, memory, and GPUs or replicas per node, as the device plugin
 advertises them), the profile's scores, and its random choice among equal totals (so every simulator
 cell is a mean over ``--sim-seeds``). With gpu-tailor, a node's total is the extender's prioritize
-score (``extender_scores``, the extender's own code: by rank of the policy's score, then least free
-GPU share) times the manifest's weight, plus MostAllocated with the GPU resources weighing 10. A
-fractional pod that no single GPU can hold still passes the extender's filter where there are enough
-free replicas (score 0), and its replicas are recorded one at a time, best fit, as the extender
-records them. kube-scheduler alone is its default profile: LeastAllocated plus BalancedAllocation on
-CPU and memory, over the first feasible nodes its adaptive ``percentageOfNodesToScore`` finds.
+score (``extender_scores``, the extender's own code: by rank of the policy's score, then the fixed
+node order, a hash of the node's name) times the manifest's weight, plus MostAllocated with the GPU
+resources weighing 10. A fractional pod that no single GPU can hold still passes the extender's
+filter where there are enough free replicas (score 0), and its replicas are recorded one at a time,
+best fit, as the extender records them. kube-scheduler alone is its default profile: LeastAllocated
+plus BalancedAllocation on CPU and memory, over the first feasible nodes its adaptive
+``percentageOfNodesToScore`` finds.
 
     python benchmarks/cluster_replay.py [--scale 0.25] [--seed 42] [--shared 0.3] [--replicas 20]
         [--runs tailor,legacy,alone] [--extender-weight N] [--sim-only] [--sim-seeds 5]
@@ -71,7 +72,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, free_share  # noqa: E402
+from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, node_order  # noqa: E402
 from gpu_tailor.gpumodel.fleet import MILLI, Fleet, Shape  # noqa: E402
 from gpu_tailor.gpumodel.labels import POD_OPT_OUT_LABEL  # noqa: E402
 from gpu_tailor.gpumodel.policies import POLICIES, FgdPolicy, Mix, Policy  # noqa: E402
@@ -268,7 +269,7 @@ class KubeModel:
         at = self.rows[offered]
         raw, _ = engine.node_scores(pod.shape, at)
         fits = ~np.isnan(raw)
-        ext = extender_scores(raw, fits, free_share(self.fleet, at))
+        ext = extender_scores(raw, fits, self.fleet.rank[at])
         keep = fits | (pod.replicas > 0)
         if not keep.any():
             return None
@@ -326,6 +327,7 @@ def simulate(nodes: list[Node], seq: list[Pod], all_pods: list[Pod], policy: str
     instead."""
     fleet = build_fleet([n.trace for n in nodes], "none", seed)
     rows = fleet.rows()
+    fleet.rank[rows] = [node_order(node_name(n)) for n in nodes]  # the extender's tie-break, by node name
     kube = KubeModel(fleet, rows, nodes, step, seed)
     mix = Mix()
     for p in all_pods:

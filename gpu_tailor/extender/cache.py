@@ -54,6 +54,7 @@ from gpu_tailor.extender.records import (
     waiting,
     where,
 )
+from gpu_tailor.extender.scores import node_order
 from gpu_tailor.extender.snapshot import NodeInfo, Snapshot, Verdicts
 from gpu_tailor.gpumodel.fleet import Fleet, Shape
 from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, from_node
@@ -140,8 +141,9 @@ class Cache:
         else:
             self._degraded.discard(name)
         row = fleet_row(copy)
-        self.fleet.upsert(name, row.cpu_free, row.mem_free_mib, row.gpu_free, row.model, row.topology,
-                          cpu_capacity=row.cpu_capacity)
+        at = self.fleet.upsert(name, row.cpu_free, row.mem_free_mib, row.gpu_free, row.model, row.topology,
+                               cpu_capacity=row.cpu_capacity)
+        self.fleet.rank[at] = node_order(name)  # ties go by a fixed node order (extender/scores.py)
         if inv.unschedulable:
             self.fleet.remove(name)
 

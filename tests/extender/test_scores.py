@@ -1,4 +1,4 @@
-"""Prioritize scores keep the policy's order: no outlier squeezes the rest, packing breaks ties."""
+"""Prioritize scores keep the policy's order: no outlier squeezes the rest, a fixed node order breaks ties."""
 
 from __future__ import annotations
 
@@ -10,21 +10,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu_tailor.extender import verbs
-from gpu_tailor.extender.scores import MAX_SCORE, extender_scores
+from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, node_order
 from gpu_tailor.gpumodel import labels
 from tests.conftest import node_fixture
 from tests.extender.builders import args, cluster, gpu_pod
 
 NAN = float("nan")
 
-# (raw policy scores, fits, free GPU milli) -> the scores kube-scheduler must get
+# (raw policy scores, fits, node order) -> the scores kube-scheduler must get
 CASES = [
     pytest.param([1079, 1050, 1020, 1061, 40], [1] * 5, [0] * 5, [10, 8, 7, 9, 6],
                  id="issue-20: one PCIe node among HGX nodes squeezes nothing"),
     pytest.param([1079, 1050, 1020, 1061], [1] * 4, [0] * 4, [10, 8, 7, 9], id="the same HGX nodes alone"),
     pytest.param([5, 5, 5], [1] * 3, [4000, 1000, 2500], [8, 10, 9],
-                 id="equal scores: the node with the least free GPU share first"),
-    pytest.param([5, 5, 4], [1] * 3, [1000, 1000, 0], [10, 10, 9], id="equal scores and free share stay equal"),
+                 id="equal scores: the node first in the fixed order first"),
+    pytest.param([5, 5, 4], [1] * 3, [1000, 1000, 0], [10, 10, 9], id="equal scores and order stay equal"),
     pytest.param([3, NAN, 7, 9], [1, 0, 1, 0], [0] * 4, [9, 0, 10, 0],
                  id="nodes that do not fit (or degraded ones) get 0, even with a better raw score"),
     pytest.param([2.0, 2.0 + 1e-9, 1e6], [1] * 3, [0] * 3, [8, 9, 10], id="tiny and huge gaps count the same"),
@@ -34,9 +34,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("raw,ok,free,want", CASES)
-def test_scores(raw: list[float], ok: list[int], free: list[int], want: list[int]) -> None:
-    out = extender_scores(np.array(raw, float), np.array(ok, bool), np.array(free, np.int64))
+@pytest.mark.parametrize("raw,ok,order,want", CASES)
+def test_scores(raw: list[float], ok: list[int], order: list[int], want: list[int]) -> None:
+    out = extender_scores(np.array(raw, float), np.array(ok, bool), np.array(order, np.int64))
     assert out.tolist() == want
 
 
@@ -44,11 +44,11 @@ def test_scores(raw: list[float], ok: list[int], free: list[int], want: list[int
 def test_order_is_kept(nodes: list[tuple[int, bool, int]]) -> None:
     raw = np.array([n[0] for n in nodes], float)
     ok = np.array([n[1] for n in nodes], bool)
-    free = np.array([n[2] for n in nodes], np.int64)
-    out = extender_scores(raw, ok, free)
+    order = np.array([n[2] for n in nodes], np.int64)
+    out = extender_scores(raw, ok, order)
     assert out.dtype == np.int64 and ((out >= 0) & (out <= MAX_SCORE)).all()
     assert (out[~ok] == 0).all() and (out[ok] >= 1).all()
-    key = list(zip(-raw, free, strict=True))  # the policy's order, packing on ties
+    key = list(zip(-raw, order, strict=True))  # the policy's order, the fixed node order on ties
     for i in np.flatnonzero(ok):
         for j in np.flatnonzero(ok):
             if key[i] < key[j]:
@@ -85,3 +85,22 @@ def test_prioritize_keeps_hgx_nodes_apart_beside_a_pcie_node() -> None:
     assert min(raw[:3]) > 1000 > raw[3]  # the NVLink bonus: the squeeze's setting
     by_raw = sorted(hgx, key=lambda n: -raw[names.index(n)])
     assert [out[n] for n in by_raw] == [10, 9, 8] and out["pcie-a"] == 7
+
+
+def test_equal_raw_scores_go_by_the_fixed_node_order_whatever_order_nodes_were_listed_in() -> None:
+    """Empty identical nodes tie on the policy's score. The one first in ``node_order`` (a hash of the
+    name) is the only 10, so every replica and every restart of the extender agrees, and placement is a
+    first fit in a fixed order, as the simulator's node rank makes it (on the openb replay the fuller
+    node first, the tie-break before, placed 0.1-0.9 point less; extender/scores.py)."""
+    names = [f"twin-{i}" for i in range(6)]
+    twins = [_hgx(n) for n in names]
+    first = min(names, key=node_order)
+    answers = []
+    for listed in (twins, twins[::-1]):
+        state = cluster(extra_nodes=listed)
+        out = verbs.prioritize(state.snapshot(), args("prioritize-nodecache-true-pod-gpu4", names))
+        answers.append({h["Host"]: h["Score"] for h in out})
+    assert answers[0] == answers[1]
+    assert [n for n, score in answers[0].items() if score == MAX_SCORE] == [first]
+    assert sorted(answers[0].values(), reverse=True) == [10, 9, 8, 7, 6, 5]
+    assert [n for n, _ in sorted(answers[0].items(), key=lambda kv: -kv[1])] == sorted(names, key=node_order)
