@@ -61,6 +61,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, node_order  # noqa: E402
+from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, node_order, tie_order  # noqa: E402
 from gpu_tailor.gpumodel.fleet import MILLI, Fleet, Shape  # noqa: E402
 from gpu_tailor.gpumodel.labels import POD_OPT_OUT_LABEL  # noqa: E402
 from gpu_tailor.gpumodel.policies import POLICIES, FgdPolicy, Mix, Policy  # noqa: E402
@@ -152,6 +153,7 @@ class Meter:
         self.failed = Counter[str]()
         self.on_shared = Counter[str]()  # pods placed on time-sliced nodes, by kind
         self.where: list[str | None] = []  # each arrival's node, None if dropped
+        self.disagree: list[tuple[int, str, str | None, list[str]]] = []  # see ``simulate(follow=...)``
 
     def event(self, pod: Pod, node: str | None, shared: bool = False) -> None:
         """One arrival, placed on ``node`` or dropped; ``shared``: the node is time-sliced."""
@@ -260,22 +262,23 @@ class KubeModel:
         best = np.flatnonzero(ok & (scores == scores[ok].max()))
         return int(best[self.rng.randrange(len(best))])
 
-    def with_extender(self, engine: Policy, pod: Pod, weight: int) -> int | None:
-        """The row gpu-tailor-scheduler binds: the extender's prioritize (``extender_scores`` on the
-        policy's scores, the extender's own code) times ``weight`` plus MostAllocated, ties at random.
-        Among the nodes kube-scheduler's filter passes, the extender's filter keeps those the policy
-        fits, and for replicas also those with enough free replicas on any GPUs (they score 0)."""
+    def with_extender(self, engine: Policy, pod: Pod, weight: int) -> np.ndarray:
+        """The rows gpu-tailor-scheduler may bind (it picks one at random): the best totals of the
+        extender's prioritize (``extender_scores`` on the policy's scores, the extender's own code)
+        times ``weight`` plus MostAllocated. Among the nodes kube-scheduler's filter passes, the
+        extender's filter keeps those the policy fits, and for replicas also those with enough free
+        replicas on any GPUs (they score 0). Empty: the pod is unschedulable."""
         offered = self.fits(pod)
         at = self.rows[offered]
         raw, _ = engine.node_scores(pod.shape, at)
         fits = ~np.isnan(raw)
-        ext = extender_scores(raw, fits, self.fleet.rank[at])
+        ext = extender_scores(raw, fits, tie_order(self.fleet, at, pod.shape.gpus > 0))
         keep = fits | (pod.replicas > 0)
         if not keep.any():
-            return None
+            return np.zeros(0, np.int64)
         total = ext * weight * (MAX_NODE_SCORE // MAX_SCORE) + self.most_allocated(pod)[offered]
-        best = np.flatnonzero(keep & (total == total[keep].max()))
-        return int(at[best[self.rng.randrange(len(best))]])
+        best: np.ndarray = at[np.flatnonzero(keep & (total == total[keep].max()))]
+        return best
 
     def sample(self, ok: np.ndarray) -> np.ndarray:
         """The default profile scores only the first ``nodes_to_score`` feasible nodes, searching from
@@ -318,17 +321,20 @@ def place(fleet: Fleet, at: int, pod: Pod, step: int, gpus: tuple[int, ...]) -> 
 
 
 def simulate(nodes: list[Node], seq: list[Pod], all_pods: list[Pod], policy: str, seed: int, step: int,
-             weight: int, cpu_spread: bool = False) -> Meter:
+             weight: int, cpu_spread: bool = False, follow: list[str | None] | None = None) -> Meter:
     """One policy over the fleet, with kube-scheduler's part modelled as ``KubeModel`` does.
 
     ``policy`` ``kube-default``: kube-scheduler alone (default profile). Otherwise the policy as the
     extender runs it, under gpu-tailor-scheduler's profile with the extender at ``weight``
     (``KubeModel.with_extender``). ``cpu_spread``: CPU-only pods go to the cluster's default profile
-    instead."""
+    instead. ``follow``: a real run's node per arrival; each pod goes where the real one went, and
+    ``Meter.disagree`` lists the pods the real run placed where the model would not (the real node not
+    among its best, or placed where the model finds no room, or dropped where it finds some)."""
     fleet = build_fleet([n.trace for n in nodes], "none", seed)
     rows = fleet.rows()
     fleet.rank[rows] = [node_order(node_name(n)) for n in nodes]  # the extender's tie-break, by node name
     kube = KubeModel(fleet, rows, nodes, step, seed)
+    index = {node_name(n): i for i, n in enumerate(nodes)}
     mix = Mix()
     for p in all_pods:
         mix.observe(p.shape)
@@ -336,23 +342,30 @@ def simulate(nodes: list[Node], seq: list[Pod], all_pods: list[Pod], policy: str
     if policy != "kube-default":
         engine = FgdPolicy(fleet, seed, mix=mix) if policy == "fgd" else POLICIES[policy](fleet, seed)
     meter = Meter(fleet.capacity_milli())
-    for pod in seq:
+    for i, pod in enumerate(seq):
         shape = pod.shape
         at: int | None = None
-        gpus: tuple[int, ...] = ()
-        if engine is not None:
+        elsewhere = engine is None or (cpu_spread and not shape.gpus)  # kube-scheduler alone places it
+        if not elsewhere:  # the extender learns the mix from the pods it is asked about (extender/cache.py)
             engine.observe(shape)
-        if engine is None or (cpu_spread and not shape.gpus):
+        if elsewhere:
             ok = kube.fits(pod)
             if ok.any():
                 scored = kube.sample(ok)
                 at = int(rows[kube.pick(scored, kube.default_profile(pod))])
-                gpus = tuple(fleet.free_gpus(at)[: shape.gpus]) if shape.gpus and not pod.replicas else ()
         else:
-            at = kube.with_extender(engine, pod, weight)
-            if at is not None and shape.gpus and not pod.replicas:
-                gpus = engine.whole_gpus(at, shape)
+            best = kube.with_extender(engine, pod, weight)
+            at = int(best[kube.rng.randrange(len(best))]) if len(best) else None
+            if follow is not None:
+                real = None if follow[i] is None else index[follow[i]]
+                if real != at and not (real is not None and real in best):
+                    meter.disagree.append((i, kind(pod), follow[i], [node_name(nodes[b]) for b in best[:3]]))
+        if follow is not None:
+            at = None if follow[i] is None else index[follow[i]]
         if at is not None:
+            gpus: tuple[int, ...] = ()
+            if shape.gpus and not pod.replicas:
+                gpus = engine.whole_gpus(at, shape) if engine is not None else tuple(fleet.free_gpus(at)[: shape.gpus])
             place(fleet, at, pod, step, gpus)
             if engine is not None:
                 engine.placed(at, shape)
@@ -360,7 +373,6 @@ def simulate(nodes: list[Node], seq: list[Pod], all_pods: list[Pod], policy: str
     return meter
 
 
-# ----- the real control plane -----
 def node_name(n: Node) -> str:
     return f"{n.trace.name.lower()}-{'ts' if n.shared else 'whole'}"
 
@@ -515,7 +527,9 @@ RUNS = ("tailor", "legacy", "alone")  # the order they run in on one control pla
 
 
 async def real_runs(kube: Kube, nodes: list[Node], seq: list[Pod], replicas: int, fixture_nodes: list[str],
-                    runs: list[str]) -> dict[str, tuple[Meter, float]]:
+                    runs: list[str], fresh_extender: Callable[[], None]) -> dict[str, tuple[Meter, float]]:
+    """The runs one after another; before each GPU run the extender is restarted (``fresh_extender``),
+    so that it starts with no pod mix learnt, as the simulator does, not with the last run's."""
     capacity = sum(n.trace.gpus for n in nodes) * MILLI
     url = f"https://{kube.host}:{kube.port}"
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=kube.ctx, limit=16)) as session:
@@ -528,6 +542,8 @@ async def real_runs(kube: Kube, nodes: list[Node], seq: list[Pod], replicas: int
         out: dict[str, tuple[Meter, float]] = {}
         for run in (r for r in RUNS if r in runs):
             # one run at a time, each on empty nodes: the extender counts every namespace's pods
+            if run != "alone" and out:
+                await asyncio.to_thread(fresh_extender)
             if run == "tailor":  # as deployed: no schedulerName, the webhook sends every pod to gpu-tailor
                 out[run] = await replay_real(api, OPTED_IN, None, seq, capacity, "gpu-tailor")
             elif run == "legacy":  # CPU-only pods opt out of the webhook and go to the cluster's scheduler
@@ -564,7 +580,7 @@ def on_control_plane(nodes: list[Node], seq: list[Pod], replicas: int, runs: lis
             stack = start_stack(cp, kube, workdir)
             fixtures = [n["metadata"]["name"] for n in kube.list(api_path("nodes"))]
             print(f"(control plane and gpu-tailor up in {time.monotonic() - started:.0f} s)", flush=True)
-            return asyncio.run(real_runs(kube, nodes, seq, replicas, fixtures, runs))
+            return asyncio.run(real_runs(kube, nodes, seq, replicas, fixtures, runs, stack.extender.restart))
         finally:
             services.scheduler_config = original
             if stack is not None:
@@ -651,6 +667,12 @@ def main() -> int:
     lead_sim = mean(sims["tailor"]) - mean(sims["kube-default"])
     print(f"simulator: fgd {cell(sims['fgd'])}, random {cell(sims['random'])}; tailor - random = "
           f"{mean(sims['tailor']) - mean(sims['random']):.2f}, tailor - kube-scheduler alone = {lead_sim:.2f}")
+    for run, spread_cpu in (("tailor", False), ("legacy", True)):
+        if run in real:  # the model stepped along the real run: does it rate each real choice best?
+            followed = simulate(nodes, seq, pods, "tailor", args.seed, step, weight, spread_cpu, real[run][0].where)
+            checked = len(seq) if run == "tailor" else sum(1 for p in seq if p.shape.gpus)
+            print(f"real run {run}: {checked - len(followed.disagree)} of {checked} pods placed (or dropped) "
+                  f"where the simulator, stepped along it, rates best; the others: {followed.disagree[:5]}")
     if "tailor" in real and "alone" in real:
         print(f"real: gpu-tailor - kube-scheduler alone = {mean(real['tailor']) - mean(real['alone']):.2f}; "
               f"real - simulator with gpu-tailor = {mean(real['tailor']) - mean(sims['tailor']):.2f}")

@@ -27,7 +27,10 @@ delivers them or they are bound; bind falls back to them, then to reading the po
 The placement policy learns the mix of pod shapes from the pods it sees: the pods it is asked to
 score, and the GPU pods the API shows bound to nodes, each pod once (by uid). So a restarted
 extender scores with the cluster's mix from its first request. CPU-only pods bound elsewhere are not
-counted: most belong to other schedulers (DaemonSets on every node would swamp the mix).
+counted: most belong to other schedulers (DaemonSets on every node would swamp the mix). So the
+CPU-only pods gpu-tailor itself placed (the webhook's ``cpuOnlyPods``) are in the mix of the extender
+that scored them, but not in that of a restarted one, or of the standby replica after a failover,
+until new ones arrive: the records keep no scheduler name to tell ours from the rest.
 """
 
 from __future__ import annotations

@@ -7,19 +7,23 @@ rest: `tailor` adds 1000 to a multi-GPU placement on an NVLink set, so beside on
 node became 10, and kube-scheduler then chose among them by its own plugins or at random.
 
 Scores here go by rank instead. The candidates that fit are ordered by the policy's raw score (best
-first) and, on equal raw scores, by a fixed order of the nodes (``node_order``: a hash of the name,
-the same in every replica and after every restart). The first gets 10, each next distinct (score,
+first) and, on equal raw scores, by ``tie_order``. The first gets 10, each next distinct (score, tie
 order) 9, 8, ... down to 1, and every later one 1: a node that fits never gets 0. Nodes that do not
 fit, and degraded nodes, get 0. So the policy's first choice is the only 10 whatever the gaps between
 raw scores, and nodes the policy tells apart get different scores down to the ninth.
 
-Why a fixed order for ties, and not the fuller node: the policy's scores are coarse on purpose, and
+Ties, for a GPU pod, go by a fixed order of the nodes (``node_order``: a hash of the name, the same
+in every replica and after every restart). For a pod without GPUs, nodes without GPUs come first and
+the rest stay tied, so kube-scheduler's own plugins choose among them: its default topology spread
+keeps a Deployment's replicas apart, which a fixed order would stack on the same few nodes.
+
+Why a fixed order for GPU pods' ties, and not the fuller node: the policy's scores are coarse on purpose, and
 a fixed node order among equal scores makes placement a first fit, as the simulator's node rank does
 (docs/tailor-experiments.md: best-fit tie breaks did worse there). On the openb replay
 (benchmarks/cluster_replay.py, seeds 42-44, simulator with kube-scheduler modelled) breaking ties
 by least free GPU share instead gave 0.2-0.9 point less with every pod through gpu-tailor, and
 3.4-4.0 points less with CPU-only pods placed by another scheduler; on the real control plane
-(seed 42) 97.68-98.00 against 98.13, and 91.12-91.78 against 94.51.
+(seed 42) 97.68-98.00 against 98.00-98.13, and 91.12-91.78 against 94.46-94.57.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import hashlib
 
 import numpy as np
 
-from gpu_tailor.gpumodel.fleet import Array
+from gpu_tailor.gpumodel.fleet import Array, Fleet
 
 MAX_SCORE = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
 
@@ -37,6 +41,17 @@ def node_order(name: str) -> int:
     """A node's place in the fixed tie-break order: the first 7 bytes of a BLAKE2b hash of its name
     (a pseudo-random order, stable across replicas and restarts, independent of listing order)."""
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=7).digest(), "big")
+
+
+def tie_order(fleet: Fleet, rows: Array, gpu: bool) -> Array:
+    """The tie-break key per row (lower first): ``node_order`` for a GPU pod (kept in ``fleet.rank``);
+    for a pod without GPUs 0 on nodes without GPUs and 1 elsewhere, so their CPU goes to GPU nodes
+    only when the policy has a reason."""
+    if gpu:
+        out: Array = fleet.rank[rows]
+        return out
+    has: Array = (fleet.ngpu[rows] > 0).astype(np.int64)
+    return has
 
 
 def extender_scores(raw: Array, ok: Array, order: Array) -> Array:

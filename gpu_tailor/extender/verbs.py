@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 
 from gpu_tailor.extender.records import PodRecord
-from gpu_tailor.extender.scores import extender_scores
+from gpu_tailor.extender.scores import extender_scores, tie_order
 from gpu_tailor.extender.snapshot import NodeInfo, Snapshot
 from gpu_tailor.gpumodel.fleet import Shape
 from gpu_tailor.gpumodel.occupancy import Placement, format_gpu_annotation
@@ -211,7 +211,7 @@ def prioritize(snap: Snapshot, body: Any) -> list[dict[str, Any]]:
     degraded = snap.degraded
     if degraded:
         ok &= np.array([n not in degraded for n in known], bool)  # degraded nodes last
-    final = extender_scores(scores, ok, snap.fleet.rank[rows])  # by rank: no outlier squeezes the rest
+    final = extender_scores(scores, ok, tie_order(snap.fleet, rows, demand.gpu))  # by rank: no outlier squeezes
     if len(known) == len(names):  # every candidate known, in order
         return [{"Host": n, "Score": v} for n, v in zip(names, final.tolist(), strict=True)]
     by_name = dict(zip(known, final.tolist(), strict=True))

@@ -124,9 +124,16 @@ def _takes_default_scheduler(pod: dict[str, Any]) -> bool:
 
 def _routes_cpu_only(pod: dict[str, Any], policy: AdmissionPolicy) -> bool:
     """Whether a pod without a GPU ask goes to gpu-tailor's scheduler (``AdmissionPolicy.cpuOnlyPods``):
-    not one that names another scheduler, nor one created bound (a mirror pod: no scheduler sees it)."""
+    not one that names another scheduler, nor one created bound (a mirror pod: no scheduler sees it),
+    nor a DaemonSet's (its node is chosen already, and it should not wait for the extender)."""
     return bool(policy.cpuOnlyPods and policy.schedulerName and _takes_default_scheduler(pod)
-                and not (pod.get("spec") or {}).get("nodeName"))
+                and not (pod.get("spec") or {}).get("nodeName") and not _daemonset_pod(pod))
+
+
+def _daemonset_pod(pod: dict[str, Any]) -> bool:
+    owners = (pod.get("metadata") or {}).get("ownerReferences")
+    return isinstance(owners, list) and any(
+        isinstance(o, dict) and o.get("kind") == "DaemonSet" and o.get("controller") is True for o in owners)
 
 
 def _allow(obj: dict[str, Any], pod: dict[str, Any], warnings: list[str], backing: str) -> Decision:

@@ -4,8 +4,8 @@ A small cut of ``benchmarks/cluster_replay.py`` (the README's "The openb trace o
 5% of each GPU model's openb nodes as fake Nodes on a control plane of its own (the session's holds the
 fixture nodes and other tests' pods, which the extender would count and learn from), the trace's pods
 created one at a time through the webhook and gpu-tailor-scheduler as shipped, and the same arrivals
-through the simulator with kube-scheduler modelled. With the extender's ties going by a fixed node
-order, nothing is left to chance, so the two must agree on nearly every pod.
+through the simulator with kube-scheduler modelled: the simulator stepped along the real run must rate
+every real choice best, and run on its own it must come within 0.5 point of the real allocation.
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ def replayed() -> dict[str, Any]:
     nodes = replay.scaled_nodes(SCALE, SHARED, SEED)
     pods = replay.trace_pods(REPLICAS)
     seq = replay.arrival_order(nodes, pods, SEED)
-    step = replay.MILLI // REPLICAS
-    sim = replay.simulate(nodes, seq, pods, "tailor", SEED, step, replay.manifest_weight())
+    step, weight = replay.MILLI // REPLICAS, replay.manifest_weight()
     real = replay.on_control_plane(nodes, seq, REPLICAS, ["tailor"], None)["tailor"][0]
-    return {"seq": seq, "sim": sim, "real": real, "kinds": Counter(replay.kind(p) for p in seq), "replay": replay}
+    return {"seq": seq, "real": real, "kinds": Counter(replay.kind(p) for p in seq),
+            "free": replay.simulate(nodes, seq, pods, "tailor", SEED, step, weight),
+            "followed": replay.simulate(nodes, seq, pods, "tailor", SEED, step, weight, follow=real.where)}
 
 
 def test_the_cut_keeps_the_traces_mix(replayed: dict[str, Any]) -> None:
@@ -56,13 +57,17 @@ def test_the_cut_keeps_the_traces_mix(replayed: dict[str, Any]) -> None:
     assert len(replayed["seq"]) >= 300
 
 
-def test_every_pod_lands_where_the_simulator_puts_it(replayed: dict[str, Any]) -> None:
-    sim, real, seq = replayed["sim"], replayed["real"], replayed["seq"]
-    assert len(real.where) == len(sim.where) == len(seq)
-    differ = [(i, replayed["replay"].kind(seq[i]), real.where[i], sim.where[i])
-              for i in range(len(seq)) if real.where[i] != sim.where[i]]
-    # nearly every pod: kube-scheduler still picks at random among equal totals where a fractional pod
-    # fits no single GPU and the extender scores every candidate 0 (MostAllocated decides there)
-    assert len(differ) <= len(seq) // 100, f"{len(differ)} of {len(seq)} pods placed elsewhere: {differ[:10]}"
-    assert abs(real.alloc - sim.alloc) <= 0.5, (real.alloc, sim.alloc)
+def test_every_pod_lands_where_the_simulator_rates_best(replayed: dict[str, Any]) -> None:
+    # The simulator steps along the real run, pod by pod: each real node must be among the nodes it
+    # rates best (kube-scheduler picks among equal totals at random, so the model may hold several), and
+    # a pod the cluster dropped must be one the model finds no room for.
+    followed, real = replayed["followed"], replayed["real"]
+    assert len(real.where) == len(replayed["seq"])
+    assert followed.disagree == []
+    assert followed.where == real.where  # it did step along
+
+
+def test_allocation_matches_the_simulator_run_on_its_own(replayed: dict[str, Any]) -> None:
+    real, free = replayed["real"], replayed["free"]
+    assert abs(real.alloc - free.alloc) <= 0.5, (real.alloc, free.alloc)  # issue 20's goal
     assert real.alloc > 90  # the cut packs as the full replay does, not merely the same way

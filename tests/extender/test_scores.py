@@ -104,3 +104,28 @@ def test_equal_raw_scores_go_by_the_fixed_node_order_whatever_order_nodes_were_l
     assert [n for n, score in answers[0].items() if score == MAX_SCORE] == [first]
     assert sorted(answers[0].values(), reverse=True) == [10, 9, 8, 7, 6, 5]
     assert [n for n, _ in sorted(answers[0].items(), key=lambda kv: -kv[1])] == sorted(names, key=node_order)
+
+
+def _cpu_pod_args(names: list[str]) -> dict[str, object]:
+    body = args("prioritize-nodecache-true-pod-gpu4", names)
+    pod = body["Pod"]
+    assert isinstance(pod, dict)
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "4", "memory": "8Gi"}}
+    return body
+
+
+def test_a_cpu_only_pod_tied_on_the_policy_goes_to_a_node_without_gpus_and_leaves_gpu_nodes_tied() -> None:
+    """Without GPUs the policy often scores every node alike. The node without GPUs comes first, however
+    its name hashes, so CPU pods do not eat the CPU beside idle GPUs; the GPU nodes stay tied, for
+    kube-scheduler's own plugins (its topology spread keeps a Deployment's replicas apart)."""
+    twins = sorted((f"twin-{i}" for i in range(30)), key=node_order)[:4]  # first in the fixed order
+    names = [*twins, "cpu-node-0"]
+    state = cluster(extra_nodes=[_hgx(n) for n in twins])
+    snap = state.snapshot()
+    out = {h["Host"]: h["Score"] for h in verbs.prioritize(snap, _cpu_pod_args(names))}
+    shape = verbs._shape(snap, verbs.extender_args(_cpu_pod_args(names)).demand, names)
+    raw, _ = snap.policy.node_scores(shape, np.array([snap.fleet.index[n] for n in names]))
+    assert len(set(raw.tolist())) == 1  # the setting: the policy tells no node apart
+    assert min(names, key=node_order) != "cpu-node-0"  # the old fixed order would not have picked it
+    assert out["cpu-node-0"] == MAX_SCORE
+    assert {out[n] for n in twins} == {MAX_SCORE - 1}

@@ -205,10 +205,14 @@ def test_l_no_gpu_goes_to_gpu_tailors_scheduler_and_nothing_else_changes() -> No
     pytest.param("schedulerName: ''", {}, id="no-scheduler-name"),
     pytest.param("", {"schedulerName": "volcano"}, id="names-another-scheduler"),
     pytest.param("", {"nodeName": "worker-1"}, id="created-bound"),
+    pytest.param("", {"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent",
+                                                        "uid": "u", "controller": True}]}}, id="daemonset-pod"),
 ])
 def test_l_no_gpu_is_left_alone(policy: str, spec: dict[str, Any]) -> None:
     review = copy.deepcopy(review_fixture("l"))
-    review["request"]["object"]["spec"].update(spec)
+    obj = review["request"]["object"]
+    obj["metadata"].update(spec.pop("metadata", {}))
+    obj["spec"].update(spec)
     d, _ = run("l", parse_policy(policy), review=review)
     assert d.allowed and d.patch == []
 
