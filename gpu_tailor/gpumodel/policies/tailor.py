@@ -21,6 +21,10 @@ from gpu_tailor.gpumodel.policies.fgd import FgdPolicy, Mix
 # 0.8, while reserving hosts below 0.8 placed no more (docs/tailor-experiments.md).
 MODEL_RESERVE_FROM = 0.4
 HOST_RESERVE_FROM = 0.8
+# An idle GPU counts as fed while its node's free memory covers this quantile of the memory per GPU
+# that whole-GPU pods have asked for (``memory_cost``). The lower quartile placed more than the mean
+# on the multi-GPU heavy workloads (docs/tailor-experiments.md).
+MEMORY_QUANTILE = 0.25
 
 
 def _reserve(pressure: Array | float, start: float) -> Array:
@@ -52,11 +56,15 @@ class TailorPolicy(FgdPolicy):
       that name them is left to ``model_pressure``.
     - Nodes that only some multi-GPU pods can use are kept for them the same way (``host_cost``): the
       128-core nodes of the openb cluster are the only hosts of its 120-core 8-GPU pods.
+    - A placement that leaves idle GPUs without the memory to feed them is charged those GPUs
+      (``memory_cost``): on the 96-core G2 nodes a 4-GPU pod asking 313 GiB leaves 4 GPUs with
+      71 GiB, and at full load those stay idle while 1-GPU pods fail.
     - Multi-GPU pods go to an all-NVLink set of GPUs whenever one is free anywhere, and single whole
       GPUs are taken so that NVLink pairs and islands stay whole.
     - The score keeps FGD's integer sigmoid points: coarse points let the node rank act as a
       first-fit order, which did better than exact comparison.
-    - Memory stays out of the types, as in FGD (adding it did no better).
+    - Memory stays out of the types, as in FGD (adding it did no better); it enters only through
+      ``memory_cost``.
     """
 
     name = "tailor"
@@ -67,6 +75,9 @@ class TailorPolicy(FgdPolicy):
         self.typed: Counter[frozenset[str]] = Counter()  # ... of those that allow only some models
         self.typed_cpu: Counter[frozenset[str]] = Counter()  # the CPU milli those asked for
         self.multi: Counter[tuple[int, int, frozenset[str]]] = Counter()  # ... of multi-GPU pods by kind
+        self.gpu_mem: Counter[int] = Counter()  # whole-GPU pods by the memory they ask per GPU (MiB)
+        self.gpu_mem_seen = 0  # ... and how many there were
+        self._fed_mem, self._fed_at = 0, 0  # MEMORY_QUANTILE of those, and how many it was taken over
 
     def observe(self, shape: Shape) -> None:
         self.mix.observe(shape)
@@ -77,6 +88,20 @@ class TailorPolicy(FgdPolicy):
                 self.typed_cpu[shape.models] += shape.cpu
             if shape.gpus > 1:
                 self.multi[(shape.gpus, shape.cpu, shape.models)] += shape.gpu_milli
+            if not shape.sharing:
+                self.gpu_mem[shape.mem // shape.gpus] += 1
+                self.gpu_mem_seen += 1
+
+    def fed_memory(self) -> int:
+        """The memory (MiB) an idle GPU needs beside it to count as fed: ``MEMORY_QUANTILE`` of the
+        memory per GPU that whole-GPU pods asked for so far, taken again every 5% more pods."""
+        seen = self.gpu_mem_seen
+        if seen > self._fed_at * 1.05:
+            mem = sorted(self.gpu_mem)
+            counts = np.cumsum([self.gpu_mem[m] for m in mem])
+            self._fed_mem = mem[int(np.searchsorted(counts, MEMORY_QUANTILE * seen))]
+            self._fed_at = seen
+        return self._fed_mem
 
     def model_pressure(self) -> Array:
         """Per GPU model: the GPU share that pods restricted to it are expected to need, over its free share.
@@ -179,14 +204,35 @@ class TailorPolicy(FgdPolicy):
         out: Array = np.where(known, drop * reserve[at], 0.0)
         return out
 
+    def memory_cost(self, shape: Shape, c: PlacementCandidates) -> Array:
+        """Per candidate: the GPU milli of the idle GPUs it leaves without the memory to feed them.
+
+        A node's free memory feeds ``free memory // fed_memory()`` idle GPUs; the rest are stranded
+        for whole-GPU pods. A placement is charged the idle GPUs it strands beyond those already
+        stranded, 1000 milli each. FGD leaves memory out, so it sent 4-GPU pods asking 313 GiB to
+        96-core G2 nodes of 384 GiB, whose other 4 GPUs then stayed idle at full load.
+        """
+        f = self.fleet
+        per_gpu = self.fed_memory()
+        if per_gpu <= 0:
+            return np.zeros(len(c.node))
+        idle = (f.gpu[c.node] == MILLI).sum(axis=1)
+        left = idle - np.where(c.before == MILLI, c.count, 0)  # less the idle GPUs the placement takes
+        mem = f.mem[c.node]
+        unfed = np.maximum(idle - mem // per_gpu, 0)
+        unfed_after = np.maximum(left - np.maximum(mem - shape.mem, 0) // per_gpu, 0)
+        out: Array = np.maximum(unfed_after - unfed, 0) * float(MILLI)
+        return out
+
     def delta(self, shape: Shape, c: PlacementCandidates) -> Array:
-        """FGD's delta, less the GPU milli a placement takes from pods that only some GPUs or nodes fit."""
+        """FGD's delta, less the GPU milli a placement takes from pods that only some GPUs or nodes fit,
+        and the idle GPUs it leaves without memory."""
         d = super().delta(shape, c)
         if not (shape.gpus and len(c.node)):
             return d
         if self.typed:
             d = d - self.model_cost(shape, c)
-        return d - self.host_cost(shape, c)
+        return d - self.host_cost(shape, c) - self.memory_cost(shape, c)
 
     def _fragmentation(self, nodes: Array, cpu: Array, cnt: Array, small: Array, free: Array) -> Array:
         model = self.fleet.model[nodes]
