@@ -23,7 +23,7 @@ a fixed node order among equal scores makes placement a first fit, as the simula
 (benchmarks/cluster_replay.py, seeds 42-44, simulator with kube-scheduler modelled) breaking ties
 by least free GPU share instead gave 0.2-0.9 point less with every pod through gpu-tailor, and
 3.4-4.0 points less with CPU-only pods placed by another scheduler; on the real control plane
-(seed 42) 97.68-98.00 against 98.00-98.13, and 91.12-91.78 against 94.46-94.57.
+(seed 42) 97.68-98.00 against 98.00-98.13, and 91.12-91.78 against 94.46-94.65.
 """
 
 from __future__ import annotations
