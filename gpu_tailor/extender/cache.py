@@ -226,19 +226,11 @@ class Cache:
 
     def reset_nodes(self, items: list[dict[str, Any]]) -> None:
         """A whole node list at once (a cluster file, tests): see ``NodeRelist``."""
-        relist = self.relist_nodes()
-        for _ in relist.page(items):
-            pass
-        for _ in relist.done():
-            pass
+        _whole(self.relist_nodes(), items)
 
     def reset_pods(self, items: list[dict[str, Any]]) -> None:
         """A whole pod list at once (a cluster file, tests): see ``PodRelist``."""
-        relist = self.relist_pods()
-        for _ in relist.page(items):
-            pass
-        for _ in relist.done():
-            pass
+        _whole(self.relist_pods(), items)
 
     def apply_node(self, event: str, obj: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name", ""))
@@ -454,3 +446,11 @@ class PodRelist:
         while cache.refresh(REFRESH_CHUNK):
             yield
         cache.pods_synced = True
+
+
+def _whole(relist: NodeRelist | PodRelist, items: list[dict[str, Any]]) -> None:
+    """Run a relist over one page holding every item, with no pause between its chunks."""
+    for _ in relist.page(items):
+        pass
+    for _ in relist.done():
+        pass

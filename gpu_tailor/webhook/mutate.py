@@ -64,7 +64,7 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
     owned = guard.on_create(annotations, ask)
     # containers whose GPU requests and limits disagree, zero units included (requests 1, limits 0)
     unequal = [c for c in ask.containers if c.mismatches or c.missing_limits]
-    routed = _routes_cpu_only(obj, policy) if not ask.has_gpu else False
+    routed = not ask.has_gpu and _routes_cpu_only(obj, policy)
     if not ask.has_gpu and not owned.drop and not unequal and not routed:
         return Decision(allowed=True)
 

@@ -8,6 +8,7 @@ decoder treats it. Kept cheap: a pod create walks a dozen small dicts here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 QUANTITY_TYPES = (str, int, float)
@@ -57,24 +58,23 @@ def annotations_problem(value: Any, where: str) -> str | None:
 
 
 def _string_map(value: Any, where: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        return f"{where}: expected an object of strings, got {_kind(value)}"
-    for k, v in value.items():
-        if not isinstance(v, str):
-            return f"{where}: {k!r}: expected a string, got {_kind(v)}"
-    return None
+    return _map_of(value, where, "strings", "a string", lambda v: isinstance(v, str))
 
 
 def _quantities(value: Any, where: str) -> str | None:
+    return _map_of(value, where, "quantities", "a quantity",
+                   lambda v: not isinstance(v, bool) and isinstance(v, QUANTITY_TYPES))
+
+
+def _map_of(value: Any, where: str, values: str, each: str, ok: Callable[[Any], bool]) -> str | None:
+    """Why ``value`` cannot be an object of ``values`` (each one ``ok``), or null, or None."""
     if value is None:
         return None
     if not isinstance(value, dict):
-        return f"{where}: expected an object of quantities, got {_kind(value)}"
+        return f"{where}: expected an object of {values}, got {_kind(value)}"
     for k, v in value.items():
-        if isinstance(v, bool) or not isinstance(v, QUANTITY_TYPES):
-            return f"{where}: {k!r}: expected a quantity, got {_kind(v)}"
+        if not ok(v):
+            return f"{where}: {k!r}: expected {each}, got {_kind(v)}"
     return None
 
 
