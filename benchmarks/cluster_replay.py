@@ -78,12 +78,13 @@ from gpu_tailor.gpumodel.fleet import MILLI, Fleet, Shape  # noqa: E402
 from gpu_tailor.gpumodel.labels import POD_OPT_OUT_LABEL  # noqa: E402
 from gpu_tailor.gpumodel.policies import POLICIES, FgdPolicy, Mix, Policy  # noqa: E402
 from gpu_tailor.simulate.trace import TraceNode, TracePod, arrivals, build_fleet, load_nodes, load_pods  # noqa: E402
+from tests.conftest import openb_dir  # noqa: E402
 from tests.e2e import services  # noqa: E402
 from tests.e2e.cluster import OPTED_IN, PLAIN, ControlPlane, k8s_dir  # noqa: E402
 from tests.e2e.kube import Kube, api_path, load_kubeconfig  # noqa: E402
 from tests.e2e.services import start_stack  # noqa: E402
 
-TRACE = REPO / "gpu_tailor" / "data" / "trace"
+TRACE = openb_dir()  # the real trace (tests and benchmarks only): $GPU_TAILOR_TRACE_DIR or ../shared/data
 # GPU memory (MiB) for the GFD label; openb names the models only. Nothing here asks for GPU memory.
 MEMORY = {"T4": 15360, "P100": 16384, "V100M16": 16384, "V100M32": 32768, "A10": 23028, "G2": 32768, "G3": 81920}
 

@@ -1,16 +1,19 @@
-"""Speed and memory of one trace replay per policy (bundled openb cluster, default workload, seed 42).
+"""Speed and memory of one replay per policy (seed 42): the generated default, or with ``--trace`` the openb
+cluster and default workload.
 
 Goal: ``tailor`` in at most 30 s per seed on a 2-core machine, memory under 1 GiB.
 
-    python benchmarks/simulate_speed.py [--policy tailor --policy fgd ...]
+    python benchmarks/simulate_speed.py [--trace ../shared/data] [--policy tailor --policy fgd ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import resource
+from pathlib import Path
 
-from gpu_tailor.simulate.cli import TRACE, bundled_trace
+from gpu_tailor.simulate import synthetic
+from gpu_tailor.simulate.cli import OPENB_NODES, openb_pods
 from gpu_tailor.simulate.trace import load_nodes, load_pods, replay
 
 
@@ -18,8 +21,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", action="append")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--trace", type=Path, metavar="DIR", help="the openb trace's folder (default: generated)")
     args = parser.parse_args()
-    nodes, pods = load_nodes(bundled_trace(TRACE[0])), load_pods(bundled_trace(TRACE[1]))
+    if args.trace:
+        nodes, pods = load_nodes(args.trace / OPENB_NODES), load_pods(args.trace / openb_pods("default"))
+    else:
+        nodes, pods = synthetic.cluster(), synthetic.workload()
     print(f"{'policy':<14}{'seconds':>9}{'goal':>7}{'alloc@100%':>12}{'peak RSS MiB':>14}")
     for policy in args.policy or ["tailor", "fgd", "bestfit"]:
         r = replay(nodes, pods, policy, args.seed, workload="default")

@@ -23,13 +23,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
+import sys
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.conftest, for where the trace is
 
 from gpu_tailor.gpumodel.fleet import MILLI
-from gpu_tailor.simulate.cli import bundled_trace, parse_seeds
+from gpu_tailor.simulate.cli import OPENB_NODES, openb_pods, parse_seeds
 from gpu_tailor.simulate.headroom import headroom
 from gpu_tailor.simulate.trace import TracePod, arrivals, load_nodes, load_pods, replay
+from tests.conftest import openb_dir
+
+TRACE_DIR = openb_dir()  # the real trace: $GPU_TAILOR_TRACE_DIR or ../shared/data
 
 FAMILIES = ("multigpu30", "multigpu40", "multigpu50", "gpuspec20", "gpuspec25", "gpuspec33",
             "gpushare40", "gpushare60", "gpushare80")
@@ -44,9 +51,9 @@ def _sharing(pod: TracePod) -> bool:
 
 
 def derive(name: str, seed: int = 7) -> list[TracePod]:
-    """The workload ``name`` (one of FAMILIES), derived from the bundled ones."""
+    """The workload ``name`` (one of FAMILIES), derived from openb's."""
     rng = random.Random(seed)
-    pods = load_pods(bundled_trace("openb_pod_list_default.csv"))
+    pods = load_pods(TRACE_DIR / openb_pods("default"))
     share = int(name[-2:]) / 100
     total = sum(map(_demand, pods))
     if name.startswith("multigpu"):
@@ -59,7 +66,7 @@ def derive(name: str, seed: int = 7) -> list[TracePod]:
             have, total = have + _demand(p), total + _demand(p)
         return out
     if name.startswith("gpuspec"):
-        spec10 = load_pods(bundled_trace("openb_pod_list_gpuspec10.csv"))
+        spec10 = load_pods(TRACE_DIR / openb_pods("gpuspec10"))
         lists: dict[bool, list[frozenset[str]]] = defaultdict(list)
         for p in spec10:
             if p.shape.models and p.shape.gpus:
@@ -89,7 +96,7 @@ def derive(name: str, seed: int = 7) -> list[TracePod]:
 
 def _run(job: tuple[str, str, int]) -> tuple[str, str, int, float, float]:
     workload, policy, seed = job
-    nodes = load_nodes(bundled_trace("openb_node_list_gpu_node.csv"))
+    nodes = load_nodes(TRACE_DIR / OPENB_NODES)
     if policy == "reference":  # the simulator's GPU-only online best-fit (no 90% point)
         gpus = sum(n.gpus for n in nodes)
         ref = headroom((p.shape for p in arrivals(derive(workload), seed, gpus * MILLI, 1.3)), nodes)

@@ -85,10 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="extra IP address for the serving certificate, e.g. 127.0.0.1 for a webhook "
                          "registered by URL (repeatable)")
 
-    si = sub.add_parser("simulate", help="replay a GPU cluster trace through the placement policies",
-                        description="Replay the bundled Alibaba openb trace (no cluster needed).")
-    si.add_argument("--nodes", metavar="CSV", help="node list CSV (default: bundled openb GPU nodes)")
-    si.add_argument("--pods", metavar="CSV", help="pod list CSV (default: bundled openb default workload)")
+    si = sub.add_parser("simulate", help="replay a GPU cluster workload through the placement policies",
+                        description="Replay a cluster workload through the placement policies, no cluster needed: "
+                                    "by default an openb-like cluster and workload that gpu-tailor generates, "
+                                    "or the real Alibaba openb trace (gpu-tailor trace fetch DIR, then --trace DIR).")
+    si.add_argument("--trace", metavar="DIR",
+                    help="replay the openb trace in DIR (openb_node_list_gpu_node.csv and the --workload's pod list)")
+    si.add_argument("--workload", default="default", metavar="NAME",
+                    help="with --trace: which pod list, openb_pod_list_NAME.csv (default, gpushare20, gpuspec10, "
+                         "multigpu20 ...)")
+    si.add_argument("--nodes", metavar="CSV", help="node list CSV in openb's columns (default: the generated cluster)")
+    si.add_argument("--pods", metavar="CSV", help="pod list CSV in openb's columns (default: the generated workload)")
     si.add_argument("--policy", action="append", metavar="NAME",
                     help="random, dotprod, gpupacking, gpuclustering, bestfit, fgd, tailor (repeatable)")
     si.add_argument("--seeds", default="42", help="seeds: '42-51' or '42,43'")
@@ -101,6 +108,19 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--workers", type=int, default=1, help="parallel runs")
     si.add_argument("--inventory", action="store_true",
                     help="print the parsed GPU inventory of the bundled example nodes and exit")
+    tr = sub.add_parser("trace", help="get the openb trace, or write the generated workload as CSV",
+                        description="fetch: download the Alibaba openb trace (CC BY 4.0) from its public home into "
+                                    "DIR, checking every file's size and SHA-256; generate: write the cluster "
+                                    "and workload simulate generates by default as openb-format CSVs.")
+    trs = tr.add_subparsers(dest="trace_command", required=True)
+    tf = trs.add_parser("fetch", help="download the openb CSVs into DIR")
+    tf.add_argument("dir", metavar="DIR")
+    tf.add_argument("--base-url", metavar="URL", help="where the CSVs are (default: the public clusterdata repository)")
+    tf.add_argument("--timeout", type=float, default=60, metavar="SECONDS", help="per connection and read")
+    tg = trs.add_parser("generate", help="write the generated cluster and workload into DIR")
+    tg.add_argument("dir", metavar="DIR")
+    tg.add_argument("--seed", type=int, default=2023, help="the workload's seed")
+    tg.add_argument("--pods", type=int, metavar="N", help="how many pods (default: as many as openb has)")
     add_commands(sub)  # explain, capacity
     return parser
 
@@ -111,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpu_tailor.simulate.cli import run as run_simulate
 
         return run_simulate(args)
+    if args.command == "trace":
+        from gpu_tailor.simulate.cli import run_trace
+
+        return run_trace(args)
     if args.command == "webhook":
         from gpu_tailor.webhook.__main__ import run as run_webhook
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -32,3 +33,21 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def openb_dir() -> Path:
+    """Where the real openb trace is for tests and benchmarks: $GPU_TAILOR_TRACE_DIR, else ../shared/data beside
+    the repository (the project ships no trace; ``gpu-tailor trace fetch DIR`` downloads one)."""
+    env = os.environ.get("GPU_TAILOR_TRACE_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def openb(name: str) -> Path:
+    """One file of the real trace; the calling test is skipped, saying why, where the trace is absent."""
+    import pytest
+
+    path = openb_dir() / name
+    if not path.is_file():
+        pytest.skip(f"the real openb trace is not here: {path} is absent (set GPU_TAILOR_TRACE_DIR to a folder that "
+                    "`gpu-tailor trace fetch` filled)")
+    return path

@@ -94,14 +94,22 @@ def run_in(inst: Installed, *cmd: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_wheel_carries_the_bundled_nodes_and_trace(installed: Installed) -> None:
+def test_wheel_carries_the_bundled_nodes_and_no_trace(installed: Installed) -> None:
     names = set(zipfile.ZipFile(installed.wheel).namelist())
     data = ROOT / "gpu_tailor" / "data"
     nodes = {f"gpu_tailor/data/nodes/{p.name}" for p in (data / "nodes").glob("*.json")}
-    traces = {f"gpu_tailor/data/trace/{p.name}" for p in (data / "trace").glob("*.csv")}
-    assert nodes and traces
-    assert nodes | traces | {"gpu_tailor/py.typed"} <= names
+    assert nodes
+    assert nodes | {"gpu_tailor/py.typed"} <= names
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "manifests/"))]
+    assert not [n for n in names if n.endswith((".csv", ".csv.gz", ".parquet"))], "the package ships no data set"
+
+
+@pytest.mark.slow
+def test_the_fresh_install_replays_the_generated_default(installed: Installed) -> None:
+    proc = run_in(installed, str(installed.scripts / "gpu-tailor"), "simulate", "--policy", "bestfit")
+    assert proc.returncode == 0, proc.stderr
+    row = next(line.split() for line in proc.stdout.splitlines() if line.startswith("generated"))
+    assert row[1] == "bestfit" and 85 < float(row[4]) <= 100  # alloc@100%
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""``gpu-tailor simulate``: replay the bundled openb trace (or given CSVs) through the policies."""
+"""``gpu-tailor simulate``: replay the generated workload, the openb trace or given CSVs through the policies;
+``gpu-tailor trace``: fetch the openb trace, write the generated workload."""
 
 from __future__ import annotations
 
@@ -15,15 +16,49 @@ from typing import Any
 from gpu_tailor.gpumodel.fleet import MILLI
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
 from gpu_tailor.gpumodel.policies import POLICIES
+from gpu_tailor.simulate import synthetic
 from gpu_tailor.simulate.headroom import Headroom, headroom
-from gpu_tailor.simulate.trace import RunResult, TraceError, arrivals, load_nodes, load_pods, replay
+from gpu_tailor.simulate.trace import (
+    RunResult,
+    TraceError,
+    TraceNode,
+    TracePod,
+    arrivals,
+    load_nodes,
+    load_pods,
+    replay,
+)
 
 DEFAULT_POLICIES = ("tailor", "fgd", "bestfit")
-TRACE = "openb_node_list_gpu_node.csv", "openb_pod_list_default.csv"
+OPENB_NODES = "openb_node_list_gpu_node.csv"
+GENERATED = ""  # a job's source when it replays the generated cluster or workload
 
 
-def bundled_trace(name: str) -> Path:
-    return Path(str(resources.files("gpu_tailor") / "data" / "trace" / name))
+def openb_pods(workload: str) -> str:
+    return f"openb_pod_list_{workload}.csv"
+
+
+def sources(args: argparse.Namespace) -> tuple[str, str]:
+    """The node and pod lists a run replays: paths, or GENERATED."""
+    if args.trace:
+        folder = Path(args.trace)
+        if not (folder / OPENB_NODES).is_file():
+            raise TraceError(f"--trace {folder}: no {OPENB_NODES} there (gpu-tailor trace fetch {folder} gets it)")
+        return args.nodes or str(folder / OPENB_NODES), args.pods or str(folder / openb_pods(args.workload))
+    if args.workload != "default":
+        raise TraceError("--workload picks a pod list of the openb trace: it needs --trace DIR")
+    return args.nodes or GENERATED, args.pods or GENERATED
+
+
+def nodes_of(source: str) -> list[TraceNode]:
+    return load_nodes(Path(source)) if source else synthetic.cluster()
+
+
+def pods_of(source: str) -> tuple[list[TracePod], str]:
+    """The pods and the workload's name for the table."""
+    if not source:
+        return synthetic.workload(), synthetic.WORKLOAD
+    return load_pods(Path(source)), Path(source).stem
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -40,10 +75,9 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def _one(job: tuple[str, str, str, int, float, str]) -> RunResult:
-    nodes_csv, pods_csv, policy, seed, inflate, topology = job
-    pods_path = Path(pods_csv)
-    return replay(load_nodes(Path(nodes_csv)), load_pods(pods_path), policy, seed, workload=pods_path.stem,
-                  inflate=inflate, topology=topology)
+    nodes_src, pods_src, policy, seed, inflate, topology = job
+    pods, workload = pods_of(pods_src)
+    return replay(nodes_of(nodes_src), pods, policy, seed, workload=workload, inflate=inflate, topology=topology)
 
 
 def table(results: list[RunResult], topology: str, refs: list[Headroom] | None = None) -> str:
@@ -107,7 +141,7 @@ def plot(results: list[RunResult], path: str) -> None:
     ax.set_xlim(60, max(int(k) for k in results[0].alloc))
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    ax.set_title("GPU allocation vs arrived workload (Alibaba openb trace)")
+    ax.set_title(f"GPU allocation vs arrived workload ({', '.join(sorted({w for w, _ in groups}))})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -136,12 +170,11 @@ def run(args: argparse.Namespace) -> int:
         seeds = parse_seeds(args.seeds)
         if not 0.1 <= args.inflate <= 5:
             raise TraceError("--inflate: expected a factor between 0.1 and 5")
-        nodes_csv = args.nodes or str(bundled_trace(TRACE[0]))
-        pods_csv = args.pods or str(bundled_trace(TRACE[1]))
-        nodes, pods = load_nodes(Path(nodes_csv)), load_pods(Path(pods_csv))  # fail fast on bad input
+        nodes_src, pods_src = sources(args)
+        nodes, (pods, _) = nodes_of(nodes_src), pods_of(pods_src)  # fail fast on bad input
         gpus = sum(n.gpus for n in nodes)
         refs = [headroom((p.shape for p in arrivals(pods, s, gpus * MILLI, args.inflate)), nodes) for s in seeds]
-        jobs = [(nodes_csv, pods_csv, p, s, args.inflate, args.topology) for p in policies for s in seeds]
+        jobs = [(nodes_src, pods_src, p, s, args.inflate, args.topology) for p in policies for s in seeds]
         results: list[RunResult] = []
         with progress_bar(len(jobs)) as bar:
             if args.workers > 1 and len(jobs) > 1:
@@ -163,6 +196,33 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot(results, args.plot)
         print(f"plot: {Path(args.plot).resolve()}")
+    return 0
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    """``gpu-tailor trace fetch|generate``."""
+    from gpu_tailor.simulate.fetch import TRACE_URL, fetch
+
+    folder = Path(args.dir)
+    if args.trace_command == "generate":
+        if args.pods is not None and args.pods < 1:
+            print("gpu-tailor trace generate: --pods must be at least 1", file=sys.stderr)
+            return 2
+        nodes_csv, pods_csv = synthetic.write_csv(folder, synthetic.cluster(),
+                                                  synthetic.workload(seed=args.seed, pods=args.pods))
+        print(f"wrote {nodes_csv} and {pods_csv}; replay them with "
+              f"gpu-tailor simulate --nodes {nodes_csv} --pods {pods_csv}")
+        return 0
+    try:
+        fetch(folder, args.base_url or TRACE_URL, timeout=args.timeout)
+    except TraceError as exc:
+        print(f"gpu-tailor trace fetch: {exc}; nothing new was left in {folder}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"gpu-tailor trace fetch: {folder}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"the openb trace is in {folder} (CC BY 4.0, see {folder / 'README.md'}); "
+          f"replay it with gpu-tailor simulate --trace {folder}")
     return 0
 
 

@@ -18,7 +18,8 @@ from gpu_tailor.gpumodel.policies import (
     Mix,
     TailorPolicy,
 )
-from gpu_tailor.simulate.cli import bundled_trace, parse_seeds
+from gpu_tailor.simulate import synthetic
+from gpu_tailor.simulate.cli import parse_seeds
 from gpu_tailor.simulate.trace import TraceError, TracePod, _curve, arrivals, load_nodes, load_pods, replay
 
 
@@ -334,13 +335,14 @@ def test_tailor_puts_multi_gpu_pods_on_an_nvlinked_set_when_one_exists() -> None
     assert choice is not None and (choice.node, choice.gpus) in {(0, (2, 3)), (1, (0, 1))}
 
 
-def small_trace(tmp_path: Path, n_nodes: int = 40, n_pods: int = 300) -> tuple[Path, Path]:
-    nodes_csv, pods_csv = tmp_path / "nodes.csv", tmp_path / "small_pods.csv"
-    with bundled_trace("openb_node_list_gpu_node.csv").open() as src, nodes_csv.open("w") as dst:
-        dst.writelines(line for i, line in enumerate(src) if i <= n_nodes)
-    with bundled_trace("openb_pod_list_default.csv").open() as src, pods_csv.open("w") as dst:
-        dst.writelines(line for i, line in enumerate(src) if i <= n_pods)
-    return nodes_csv, pods_csv
+def small_trace(tmp_path: Path, n_nodes: int = 40, n_pods: int = 500) -> tuple[Path, Path]:
+    """A small cut of the generated cluster (every ``step``-th node, so all its kinds) and workload, as CSVs."""
+    everything = synthetic.cluster()
+    nodes = everything[:: len(everything) // n_nodes][:n_nodes]
+    nodes_csv, pods_csv = synthetic.write_csv(tmp_path, nodes, synthetic.workload(pods=n_pods))
+    small = pods_csv.with_name("small_pods.csv")
+    pods_csv.rename(small)
+    return nodes_csv, small
 
 
 @pytest.mark.parametrize("policy", ["random", "dotprod", "gpupacking", "gpuclustering", "bestfit", "fgd", "tailor"])
