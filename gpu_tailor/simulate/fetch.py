@@ -9,6 +9,7 @@ them has passed, so a failed, partial or tampered download leaves nothing new be
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import tempfile
 import urllib.error
@@ -111,10 +112,16 @@ def _download(url: str, spec: TraceFile, folder: Path, timeout: float, opener: O
         if missing:
             raise TraceError(f"{url}: missing column(s) {', '.join(missing)}")
         return path
-    except BaseException as exc:
+    except urllib.error.HTTPError as exc:
         path.unlink(missing_ok=True)
-        if isinstance(exc, (urllib.error.URLError, OSError, ValueError)) and not isinstance(exc, TraceError):
-            raise TraceError(f"{url}: {getattr(exc, 'reason', None) or exc}") from exc
+        raise TraceError(f"{url}: HTTP {exc.code} {exc.reason}") from exc
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
+        path.unlink(missing_ok=True)
+        if isinstance(exc, TraceError):
+            raise
+        raise TraceError(f"{url}: {getattr(exc, 'reason', None) or exc!r}") from exc
+    except BaseException:
+        path.unlink(missing_ok=True)
         raise
 
 
