@@ -3,8 +3,9 @@ and the simulator on the same nodes, pods and order (issue 20).
 
 Cluster. A scaled openb cluster (``--scale``, default 1/4 of the 1,213 GPU nodes): per GPU model, that
 share of the trace's nodes drawn with the seed, each keeping its row's CPU, memory and GPU count, so
-the model mix and the CPU and memory per node stay the trace's. They are fake Nodes on
-``../shared/k8s`` (no kubelet: pods are bound, never run), untainted, ``pods: 1000`` allocatable.
+the model mix and the CPU and memory per node stay the trace's (read from ``$GPU_TAILOR_TRACE_DIR`` or
+``../shared/data``). They are fake Nodes on ``tests/e2e``'s control plane, on the first Kubernetes release it
+finds (no kubelet: pods are bound, never run), untainted, ``pods: 1000`` allocatable.
 
 Fractional pods. NVIDIA's device plugin sells a GPU either whole (``nvidia.com/gpu``) or as replicas
 (``nvidia.com/gpu.shared`` with ``renameByDefault``), never both on one node, while openb puts whole and
@@ -80,7 +81,7 @@ from gpu_tailor.gpumodel.policies import POLICIES, FgdPolicy, Mix, Policy  # noq
 from gpu_tailor.simulate.trace import TraceNode, TracePod, arrivals, build_fleet, load_nodes, load_pods  # noqa: E402
 from tests.conftest import openb_dir  # noqa: E402
 from tests.e2e import services  # noqa: E402
-from tests.e2e.cluster import OPTED_IN, PLAIN, ControlPlane, k8s_dir  # noqa: E402
+from tests.e2e.cluster import OPTED_IN, PLAIN, ControlPlane, Release, first_release  # noqa: E402
 from tests.e2e.kube import Kube, api_path, load_kubeconfig  # noqa: E402
 from tests.e2e.services import start_stack  # noqa: E402
 
@@ -557,9 +558,9 @@ async def real_runs(kube: Kube, nodes: list[Node], seq: list[Pod], replicas: int
 
 
 def on_control_plane(nodes: list[Node], seq: list[Pod], replicas: int, runs: list[str],
-                     weight: int | None) -> dict[str, tuple[Meter, float]]:
-    """A fresh control plane with gpu-tailor as tests/e2e runs it from ``manifests/`` (``weight``: the
-    extender's, instead of the manifest's)."""
+                     weight: int | None, release: Release) -> dict[str, tuple[Meter, float]]:
+    """A fresh control plane of ``release`` with gpu-tailor as tests/e2e runs it from ``manifests/``
+    (``weight``: the extender's, instead of the manifest's)."""
     started = time.monotonic()
     original = services.scheduler_config
 
@@ -572,7 +573,7 @@ def on_control_plane(nodes: list[Node], seq: list[Pod], replicas: int, runs: lis
 
     with tempfile.TemporaryDirectory(prefix="gpu-tailor-replay-") as tmp:
         workdir = Path(tmp)
-        cp = ControlPlane(k8s_dir() / "control-plane.sh", workdir / "k8s")
+        cp = ControlPlane(release, workdir / "k8s")
         stack = None
         try:
             services.scheduler_config = with_weight
@@ -626,10 +627,8 @@ def main() -> int:
     spread = sim("tailor", cpu_spread=True)
     real: dict[str, tuple[Meter, float]] = {}
     if not args.sim_only:
-        if not (k8s_dir() / "control-plane.sh").is_file():
-            print(f"no control plane: {k8s_dir() / 'control-plane.sh'} is absent", file=sys.stderr)
-            return 2
-        real = on_control_plane(nodes, seq, args.replicas, args.runs.split(","), args.extender_weight)
+        real = on_control_plane(nodes, seq, args.replicas, args.runs.split(","), args.extender_weight,
+                                first_release())
 
     if args.dump:
         simulated = {k: v[0].where for k, v in sims.items()} | {"legacy": spread[0].where}

@@ -1,5 +1,5 @@
 """Pod-create latency and throughput through the webhook against a namespace it does not intercept,
-on a real control plane (``../shared/k8s/control-plane.sh``): the issue-18 comparison.
+on a real control plane (``tests/e2e``'s, on the first Kubernetes release it finds): the issue-18 comparison.
 
 Starts the control plane on free ports, applies ``manifests/`` through the e2e harness's overlay (the
 API server calls the webhook at https://127.0.0.1:PORT/mutate), creates the fixture nodes, one namespace
@@ -48,7 +48,7 @@ from tests.e2e.cluster import (  # noqa: E402
     OPTED_IN,
     PLAIN,
     ControlPlane,
-    k8s_dir,
+    first_release,
 )
 from tests.e2e.kube import Credentials, Kube, load_kubeconfig  # noqa: E402
 from tests.e2e.services import Service, identity, install, webhook_argv  # noqa: E402
@@ -179,14 +179,11 @@ def main() -> int:
                         "`git archive HEAD gpu_tailor | tar -x -C DIR`, to compare two commits")
     parser.add_argument("--py-spy", metavar="OUT", help="record the webhook with py-spy (raw format) into OUT")
     args = parser.parse_args()
-    script = k8s_dir() / "control-plane.sh"
-    if not script.is_file():
-        print(f"no control plane: {script} is absent", file=sys.stderr)
-        return 2
+    release = first_release()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpu-tailor-bench-") as tmp:
         workdir = Path(tmp)
-        cp = ControlPlane(script, workdir / "k8s")
+        cp = ControlPlane(release, workdir / "k8s")
         webhook: Service | None = None
         try:
             cp.up()

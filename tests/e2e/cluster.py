@@ -1,5 +1,15 @@
-"""The real control plane (``../shared/k8s/control-plane.sh``) and what the tests put in it: the repo's
-``manifests/`` applied with kubectl, ServiceAccount kubeconfigs, the fixture nodes and two namespaces.
+"""The real control plane and what the tests put in it: the repo's ``manifests/`` applied with kubectl,
+ServiceAccount kubeconfigs, the fixture nodes and two namespaces.
+
+Which Kubernetes. The project ships and builds no Kubernetes: the tests run on the releases they find (``releases``),
+each a folder holding kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and etcd:
+
+1. ``$GPU_TAILOR_K8S_BIN``: one folder, or several separated by ``:``, each a release to run the suite on;
+2. otherwise ``$KUBEBUILDER_ASSETS`` (the controller-runtime convention) where it holds all five binaries, and
+   every ``${XDG_CACHE_HOME:-~/.cache}/gpu-tailor-k8s/v*/bin`` (where ``control-plane.sh`` looks by default).
+
+``control-plane.sh`` (``$GPU_TAILOR_CONTROL_PLANE``, else ``../shared/control-plane/control-plane.sh`` beside the
+repository) starts them on loopback. Where either is missing, every e2e test is skipped with the reason.
 
 There is no kubelet, so three things are done by hand that a kubelet would do: node status is written
 through the status subresource, the ``not-ready`` taint the API server adds to new nodes is removed,
@@ -11,10 +21,10 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -30,24 +40,92 @@ OPTED_IN = "team-a"  # labelled gpu-tailor.io/enabled=true, as in the captured a
 PLAIN = "team-b"  # no label: the webhook must never see its pods
 
 
-def k8s_dir() -> Path:
-    """Where control-plane.sh lives: $GPU_TAILOR_K8S_DIR, else ../shared/k8s beside the repo."""
-    env = os.environ.get("GPU_TAILOR_K8S_DIR")
-    return Path(env) if env else REPO.parent / "shared" / "k8s"
+BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "etcd")
+
+
+@dataclass(frozen=True)
+class Release:
+    """A folder of Kubernetes binaries and the version its kube-apiserver reports (``v1.36.3``)."""
+
+    bin: Path
+    version: str
+
+    @property
+    def minor(self) -> int:
+        return int(self.version.lstrip("v").split(".")[1])
+
+
+def control_plane_script() -> Path:
+    env = os.environ.get("GPU_TAILOR_CONTROL_PLANE")
+    return Path(env) if env else REPO.parent / "shared" / "control-plane" / "control-plane.sh"
+
+
+def _version(folder: Path) -> str | None:
+    try:
+        out = subprocess.run([str(folder / "kube-apiserver"), "--version"], capture_output=True, text=True,
+                             timeout=30, check=False).stdout
+    except OSError:
+        return None
+    match = re.search(r"v\d+\.\d+\.\d+", out)
+    return match.group(0) if match else None
+
+
+def _version_key(release: Release) -> tuple[int, ...]:
+    return tuple(int(x) for x in release.version.lstrip("v").split("."))
+
+
+def find_releases() -> tuple[list[Release], str]:
+    """The releases to run the e2e suite on, oldest first, and why there are none where that is so."""
+    explicit = os.environ.get("GPU_TAILOR_K8S_BIN")
+    if explicit:
+        folders = [Path(f).expanduser() for f in explicit.split(os.pathsep) if f]
+    else:
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpu-tailor-k8s"
+        assets = os.environ.get("KUBEBUILDER_ASSETS")
+        folders = ([Path(assets)] if assets else []) + sorted(cache.glob("v*/bin"))
+    found: list[Release] = []
+    why: list[str] = []
+    for folder in folders:
+        missing = [b for b in BINARIES if not os.access(folder / b, os.X_OK)]
+        version = None if missing else _version(folder)
+        if missing:
+            why.append(f"{folder} lacks {', '.join(missing)}")
+        elif version is None:
+            why.append(f"{folder}/kube-apiserver --version names no version")
+        elif all(r.version != version for r in found):
+            found.append(Release(folder, version))
+    if not found and not why:
+        why.append("no Kubernetes binaries found: set GPU_TAILOR_K8S_BIN to folders (':'-separated) holding "
+                   f"{', '.join(BINARIES)}, or put them in ~/.cache/gpu-tailor-k8s/vVERSION/bin")
+    script = control_plane_script()
+    if found and not script.is_file():
+        return [], f"{script} is absent (set GPU_TAILOR_CONTROL_PLANE to control-plane.sh)"
+    return sorted(found, key=_version_key), "; ".join(why)
+
+
+def first_release() -> Release:
+    """The oldest release found, for benchmarks and one-off checks; SystemExit with the reason where none is."""
+    found, why = find_releases()
+    if not found:
+        raise SystemExit(f"no Kubernetes control plane: {why}")
+    return found[0]
 
 
 class ControlPlane:
-    """etcd, kube-apiserver, kube-controller-manager and the default kube-scheduler, on free ports."""
+    """etcd, kube-apiserver, kube-controller-manager and the default kube-scheduler of ``release``, on free
+    ports."""
 
-    def __init__(self, script: Path, home: Path) -> None:
-        self.script, self.home = script, home
+    def __init__(self, release: Release, home: Path, script: Path | None = None) -> None:
+        self.release, self.home = release, home
+        self.script = script or control_plane_script()
         self.env = {**os.environ, "K8S_HOME": str(home), "K8S_API_PORT": str(free_port()),
                     "ETCD_PORT": str(free_port()), "ETCD_PEER_PORT": str(free_port()),
-                    "SCHED_PORT": str(free_port()), "KCM_PORT": str(free_port())}
+                    "SCHED_PORT": str(free_port()), "KCM_PORT": str(free_port()),
+                    "K8S_BIN_DIR": str(release.bin), "K8S_VERSION": release.version.lstrip("v")}
         self.env.pop("KUBECONFIG", None)
         self.logs = home / "run" / "logs"
         self.kubeconfig = home / "kubeconfig"
-        self.bin = home / "bin"
+        self.bin = release.bin
         self.pki = home / "pki"
         self.relaunched: list[tuple[subprocess.Popen[bytes], IO[bytes]]] = []
 
@@ -60,12 +138,7 @@ class ControlPlane:
         return proc.stdout
 
     def up(self) -> None:
-        # The binaries are unpacked once per machine and shared (3 s of xz per session otherwise).
-        cache = Path(tempfile.gettempdir()) / f"gpu-tailor-e2e-bin-{os.getuid()}"
-        shared_bin = Path(self._run("bin", env={**self.env, "K8S_HOME": str(cache)}).strip().splitlines()[-1])
         self.home.mkdir(parents=True, exist_ok=True)
-        if not self.bin.exists():
-            self.bin.symlink_to(shared_bin, target_is_directory=True)
         self._run("up")
 
     def down(self) -> None:

@@ -1,7 +1,8 @@
-"""End-to-end fixtures: one real control plane per session with gpu-tailor installed from manifests/.
+"""End-to-end fixtures: one real control plane per Kubernetes release with gpu-tailor installed from manifests/.
 
-The control plane comes from ``../shared/k8s/control-plane.sh`` (or ``$GPU_TAILOR_K8S_DIR``); where it is
-absent (a user's machine) every e2e test is skipped and says why. Select or drop them with ``-m e2e``.
+Every e2e test runs once per release ``find_releases`` finds (its id names the version, ``[v1.28.7]``), the
+releases one after the other; where none is found (a user's machine) every e2e test is skipped and says why.
+Select or drop them with ``-m e2e``.
 """
 
 from __future__ import annotations
@@ -10,20 +11,28 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from tests.e2e.cluster import ControlPlane, k8s_dir
+from tests.e2e.cluster import ControlPlane, Release, find_releases
 from tests.e2e.kube import Kube, load_kubeconfig
 from tests.e2e.pods import Pods
 from tests.e2e.services import Stack, start_stack
 
+RELEASES, NO_RELEASE = find_releases()
+RELEASE_PARAMS: list[Release | None] = [*RELEASES] or [None]
+
+
+@pytest.fixture(scope="session", params=RELEASE_PARAMS, ids=[r.version for r in RELEASES] or ["no-k8s"])
+def release(request: pytest.FixtureRequest) -> Release:
+    """One Kubernetes release; pytest runs every test that needs it for each release, one release at a time."""
+    if request.param is None:
+        pytest.skip(f"no Kubernetes control plane to test against: {NO_RELEASE}")
+    found: Release = request.param
+    return found
+
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    script = k8s_dir() / "control-plane.sh"
-    if not script.is_file():
-        pytest.skip(f"no Kubernetes control plane to test against: {script} is absent "
-                    "(set GPU_TAILOR_K8S_DIR to a folder holding control-plane.sh)")
-    workdir = tmp_path_factory.mktemp("e2e")
-    cp = ControlPlane(script, workdir / "k8s")
+def stack(release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    workdir = tmp_path_factory.mktemp(f"e2e-{release.version}")
+    cp = ControlPlane(release, workdir / "k8s")
     try:
         cp.up()
         kube = Kube(load_kubeconfig(cp.kubeconfig), workdir / "admin")

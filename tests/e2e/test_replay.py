@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster import k8s_dir
+from tests.e2e.cluster import Release
 
 pytestmark = pytest.mark.e2e
 
@@ -37,15 +37,13 @@ def _replay() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def replayed() -> dict[str, Any]:
-    if not (k8s_dir() / "control-plane.sh").is_file():
-        pytest.skip(f"no Kubernetes control plane to replay on: {k8s_dir() / 'control-plane.sh'} is absent")
+def replayed(release: Release) -> dict[str, Any]:
     replay = _replay()
     nodes = replay.scaled_nodes(SCALE, SHARED, SEED)
     pods = replay.trace_pods(REPLICAS)
     seq = replay.arrival_order(nodes, pods, SEED)
     step, weight = replay.MILLI // REPLICAS, replay.manifest_weight()
-    real = replay.on_control_plane(nodes, seq, REPLICAS, ["tailor"], None)["tailor"][0]
+    real = replay.on_control_plane(nodes, seq, REPLICAS, ["tailor"], None, release)["tailor"][0]
     return {"seq": seq, "real": real, "kinds": Counter(replay.kind(p) for p in seq),
             "free": replay.simulate(nodes, seq, pods, "tailor", SEED, step, weight),
             "followed": replay.simulate(nodes, seq, pods, "tailor", SEED, step, weight, follow=real.where)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.server import make_app
+from tests.e2e.cluster import Release, find_releases
 
 
 @pytest.fixture
@@ -27,3 +29,16 @@ async def client_for() -> AsyncIterator[Any]:
     yield make
     for c in clients:
         await c.close()
+
+
+RELEASES, NO_RELEASE = find_releases()
+RELEASE_PARAMS: list[Release | None] = [*RELEASES] or [None]
+
+
+@pytest.fixture(params=RELEASE_PARAMS, ids=[r.version for r in RELEASES] or ["no-k8s"])
+def kube_scheduler(request: pytest.FixtureRequest) -> Path:
+    """The kube-scheduler of each Kubernetes release found (tests/e2e/cluster.py says where it looks)."""
+    if request.param is None:
+        pytest.skip(f"no kube-scheduler to check the config with: {NO_RELEASE}")
+    release: Release = request.param
+    return release.bin / "kube-scheduler"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -79,15 +78,6 @@ def test_client_connection_lifts_the_default_rate_limit() -> None:
     assert conn == {"qps": 500, "burst": 1000}  # no kubeconfig: in-cluster service account
 
 
-def _kube_scheduler() -> Path:
-    """The v1.28.7 kube-scheduler from ../shared/k8s (or $GPU_TAILOR_K8S_DIR), unpacked once."""
-    script = Path(os.environ.get("GPU_TAILOR_K8S_DIR") or ROOT.parent / "shared" / "k8s") / "control-plane.sh"
-    if not script.is_file():
-        pytest.skip(f"no kube-scheduler to check the config with: {script} is absent")
-    out = subprocess.run(["bash", str(script), "bin"], capture_output=True, text=True, check=True, timeout=600)
-    return Path(out.stdout.strip().splitlines()[-1]) / "kube-scheduler"
-
-
 def _load_with_kube_scheduler(binary: Path, config: dict[str, Any], work: Path) -> tuple[int, str, dict[str, Any]]:
     """Run the real config loading and validation (no API server needed): exit code, stderr, config written."""
     work.mkdir()
@@ -106,8 +96,8 @@ def _load_with_kube_scheduler(binary: Path, config: dict[str, Any], work: Path) 
     return proc.returncode, proc.stderr, yaml.safe_load(written.read_text()) if written.exists() else {}
 
 
-def test_kube_scheduler_v1_28_accepts_the_config_and_refuses_a_plus_me_name(tmp_path: Path) -> None:
-    binary = _kube_scheduler()
+def test_kube_scheduler_accepts_the_config_and_refuses_a_plus_me_name(kube_scheduler: Path, tmp_path: Path) -> None:
+    binary = kube_scheduler
     code, err, written = _load_with_kube_scheduler(binary, scheduler_config(), tmp_path / "ours")
     assert code == 0, err
     assert (written["clientConnection"]["qps"], written["clientConnection"]["burst"]) == (500, 1000)

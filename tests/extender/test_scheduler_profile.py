@@ -10,7 +10,6 @@ import pytest
 
 from gpu_tailor.extender.scores import MAX_SCORE
 from tests.extender.test_manifests import (
-    _kube_scheduler,
     _load_with_kube_scheduler,
     gpu_resource_names,
     scheduler_config,
@@ -106,11 +105,11 @@ def test_profiles_that_fight_packing_are_caught(config: Any, why: str) -> None:
     assert any(why in p for p in profile_problems(config()))
 
 
-def test_kube_scheduler_v1_28_runs_the_profile_as_written(tmp_path: Path) -> None:
-    """The real v1.28.7 kube-scheduler loads and validates the config (extended resources in
+def test_kube_scheduler_runs_the_profile_as_written(kube_scheduler: Path, tmp_path: Path) -> None:
+    """The real kube-scheduler of each release found loads and validates the config (extended resources in
     scoringStrategy, resource weights in 1..100, the extender's weight) and writes it back with its
     defaults filled in: what it will run has no problem either, and a LeastAllocated one has."""
-    binary = _kube_scheduler()
+    binary = kube_scheduler
     code, err, written = _load_with_kube_scheduler(binary, scheduler_config(), tmp_path / "ours")
     assert code == 0, err
     assert profile_problems(written) == []
