@@ -51,3 +51,16 @@ def openb(name: str) -> Path:
         pytest.skip(f"the real openb trace is not here: {path} is absent (set GPU_TAILOR_TRACE_DIR to a folder that "
                     "`gpu-tailor trace fetch` filled)")
     return path
+
+
+def release_kubectl() -> str:
+    """The kubectl of the oldest Kubernetes release the e2e suite finds, to render kustomize with; the calling
+    test is skipped, saying why, where there is none."""
+    import pytest
+
+    from tests.e2e.cluster import find_releases
+
+    found, why = find_releases()
+    if not found:
+        pytest.skip(f"no kubectl to render kustomize with: {why}")
+    return str(found[0].bin / "kubectl")

@@ -1,4 +1,4 @@
-"""manifests/ as the real kubectl v1.28.7 renders it (``kubectl kustomize``, no cluster needed).
+"""manifests/ as the real kubectl renders it (``kubectl kustomize``, no cluster needed).
 
 One kustomize ``images:`` entry names the gpu-tailor image, so setting it (``kustomize edit set image``
 or an overlay's ``images:``) re-points every gpu-tailor container. The containers also carry what a
@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.conftest import release_kubectl
+
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = ROOT / "manifests"
-CONTROL_PLANE = ROOT.parent / "shared" / "k8s" / "control-plane.sh"
 IMAGE = "ghcr.io/gpu-tailor/gpu-tailor"
 DEPLOYMENTS = ("gpu-tailor-webhook", "gpu-tailor-scheduler")
 # the gpu-tailor subcommands the Deployments run; the other container is kube-scheduler's own image
@@ -27,10 +28,7 @@ SERVICES = ("webhook", "extender")
 
 @pytest.fixture(scope="module")
 def kubectl() -> str:
-    if not CONTROL_PLANE.exists():
-        pytest.skip(f"no kubectl: {CONTROL_PLANE} is absent (it ships kubectl v1.28.7 to render kustomize with)")
-    out = subprocess.run(["bash", str(CONTROL_PLANE), "bin"], check=True, capture_output=True, text=True).stdout
-    return str(Path(out.strip().splitlines()[-1]) / "kubectl")
+    return release_kubectl()
 
 
 def render(kubectl: str, path: Path) -> list[dict[str, Any]]:

@@ -22,10 +22,9 @@ from gpu_tailor.webhook.config import AdmissionPolicy
 from gpu_tailor.webhook.mutate import decide
 from gpu_tailor.webhook.registration import webhook_configuration
 from gpu_tailor.webhook.state import ClusterView
-from tests.conftest import FIXTURES, load_fixture, review_fixture
+from tests.conftest import FIXTURES, load_fixture, release_kubectl, review_fixture
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTROL_PLANE = ROOT.parent / "shared" / "k8s" / "control-plane.sh"
 NODES = [load_fixture("nodes", p.name) for p in sorted((FIXTURES / "nodes").glob("*.json"))]
 
 
@@ -53,13 +52,10 @@ def namespace_labels(name: str, opted_in: bool) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def rendered_hooks() -> list[dict[str, Any]]:
-    if not CONTROL_PLANE.exists():
-        pytest.skip(f"no kubectl: {CONTROL_PLANE} is absent (it ships kubectl v1.28.7 to render kustomize with)")
-    bin_dir = subprocess.run(["bash", str(CONTROL_PLANE), "bin"], check=True, capture_output=True,
-                             text=True).stdout.strip().splitlines()[-1]
+    kubectl = release_kubectl()
     hooks: list[dict[str, Any]] = []
     for path in (ROOT / "manifests", ROOT / "manifests" / "overlays" / "cert-manager"):
-        out = subprocess.run([str(Path(bin_dir) / "kubectl"), "kustomize", str(path)], check=True,
+        out = subprocess.run([kubectl, "kustomize", str(path)], check=True,
                              capture_output=True, text=True).stdout
         hooks += [h for d in yaml.safe_load_all(out) if d and d["kind"] == "MutatingWebhookConfiguration"
                   for h in d["webhooks"]]

@@ -11,18 +11,14 @@ import pytest
 import yaml
 
 from gpu_tailor.certs.authority import dns_names
+from tests.conftest import release_kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTROL_PLANE = ROOT.parent / "shared" / "k8s" / "control-plane.sh"
 
 
 @pytest.fixture(scope="module")
 def kubectl() -> str:
-    if not CONTROL_PLANE.exists():
-        pytest.skip(f"no kubectl: {CONTROL_PLANE} is absent (it ships kubectl v1.28.7 to render kustomize with)")
-    bin_dir = subprocess.run(["bash", str(CONTROL_PLANE), "bin"], check=True, capture_output=True,
-                             text=True).stdout.strip().splitlines()[-1]
-    return str(Path(bin_dir) / "kubectl")
+    return release_kubectl()
 
 
 def render(kubectl: str, path: Path) -> dict[tuple[str, str], dict[str, Any]]:
