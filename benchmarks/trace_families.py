@@ -1,8 +1,8 @@
-"""Does tailor beat FGD on workloads of the trace's families that are not bundled?
+"""Does tailor beat FGD on workloads of the trace's families that are not published?
 
 The FGD paper builds its workload families from the default openb workload: in multigpuX, multi-GPU
 pods bring X% of the GPU demand; in gpuspecX, X% of the GPU pods name the GPU models they accept; in
-gpushareX, GPU-sharing pods bring X% of the GPU demand. Only one of each is bundled. This derives
+gpushareX, GPU-sharing pods bring X% of the GPU demand. Only one of each is published. This derives
 stronger members the same way, with a fixed seed:
 
 - multigpuX: copies of the default's multi-GPU pods are appended until they bring X%;
