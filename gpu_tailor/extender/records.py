@@ -18,6 +18,7 @@ import simdjson
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.occupancy import Placement, format_gpu_annotation, parse_gpu_annotation
 from gpu_tailor.gpumodel.schedule import Demand, NodeState, demand_of, pod_key, recorded_placement
+from gpu_tailor.kube.podfields import CONTAINER_FIELDS, containers, meta_fields, pick, raw_json, slim_pod
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,70 +80,8 @@ def pod_version(pod: dict[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("resourceVersion") or "")
 
 
-_OBJECTS = (dict, simdjson.Object)
-_LAZY = (simdjson.Object, simdjson.Array)
-
-
-def _mapping(value: Any) -> Any:
-    """``value`` when it is an object (a dict, or simdjson's lazy one), else None."""
-    return value if isinstance(value, _OBJECTS) else None
-
-
-def _plain(value: Any) -> Any:
-    """A lazily parsed value as plain Python objects (dicts stay as they are)."""
-    return value.as_dict() if isinstance(value, simdjson.Object) else value
-
-
 ASK = "@ask"  # in a projected pod: the bytes that identify what it asks for (see ``PodProjector``)
 KNOWN = "@known"  # in a projected pod: only its metadata, as the cache held it at that version
-_OURS = labels.TAILOR_DOMAIN + "/"
-_CONTAINER_FIELDS = (("containers", ("name", "resources")),
-                     ("initContainers", ("name", "resources", "restartPolicy")))
-
-
-def _containers(spec: Any) -> dict[str, Any]:
-    """What records read of a pod spec's containers: names, resources, restart policies (sidecars),
-    and the overhead."""
-    s: dict[str, Any] = {}
-    for key, names in _CONTAINER_FIELDS:
-        raw = spec.get(key)
-        if raw is not None and not isinstance(raw, str) and not _mapping(raw):
-            s[key] = [{f: _plain(c.get(f)) for f in names if c.get(f) is not None}
-                      for c in raw if _mapping(c) is not None]
-    if (overhead := _mapping(spec.get("overhead"))) is not None:
-        s["overhead"] = _plain(overhead)
-    return s
-
-
-def slim_pod(obj: Any) -> dict[str, Any]:
-    """The parts of a pod object that records read, as plain dicts: its name, namespace and uid, the
-    project's annotations, its node, its containers' and init containers' resources (and restart
-    policy: sidecars), its overhead and its phase. ``obj``: a pod as a dict or as simdjson parsed it
-    lazily. Anything that is not the expected shape is left out, as if absent."""
-    out: dict[str, Any] = {}
-    meta = _mapping(obj.get("metadata"))
-    if meta is not None:
-        out["metadata"] = _meta(meta)
-    spec = _mapping(obj.get("spec"))
-    if spec is not None:
-        s = _containers(spec)
-        if (node := spec.get("nodeName")) is not None:
-            s["nodeName"] = node
-        out["spec"] = s
-    status = _mapping(obj.get("status"))
-    if status is not None and (phase := status.get("phase")) is not None:
-        out["status"] = {"phase": phase}
-    return out
-
-
-def _meta(meta: Any) -> dict[str, Any]:
-    m = {k: v for k in ("name", "namespace", "uid", "resourceVersion") if (v := meta.get(k)) is not None}
-    annotations = _mapping(meta.get("annotations"))
-    if annotations is not None:
-        ours = {k: v for k, v in annotations.items() if isinstance(k, str) and k.startswith(_OURS)}
-        if ours:
-            m["annotations"] = ours
-    return m
 
 
 class PodProjector:
@@ -167,23 +106,23 @@ class PodProjector:
     def __call__(self, obj: Any) -> dict[str, Any]:
         if not isinstance(obj, simdjson.Object):
             return slim_pod(obj)
-        top = _pick(obj, ("metadata", "spec", "status"))
-        picked = _pick(top.get("metadata"), ("name", "namespace", "uid", "resourceVersion", "annotations"))
+        top = pick(obj, ("metadata", "spec", "status"))
+        picked = pick(top.get("metadata"), ("name", "namespace", "uid", "resourceVersion", "annotations"))
         version = picked.get("resourceVersion")
         if self.known is not None and isinstance(version, str) and version and \
                 self.known(f"{picked.get('namespace', '')}/{picked.get('name', '')}", version):
             # the cache holds the pod at this version: its name, uid and version are all it needs
             picked.pop("annotations", None)
             return {"metadata": picked, KNOWN: True}
-        meta = _meta(picked)
+        meta = meta_fields(picked)
         out: dict[str, Any] = {"metadata": meta}
         raw_spec = top.get("spec")
         if isinstance(raw_spec, simdjson.Object):
-            spec = _pick(raw_spec, ("nodeName", "containers", "initContainers", "overhead"))
+            spec = pick(raw_spec, ("nodeName", "containers", "initContainers", "overhead"))
             ask = self._ask(spec, meta.get("annotations"))
             parts = self.parts.get(ask)
             if parts is None:
-                parts = self.parts[ask] = _containers(raw_spec)
+                parts = self.parts[ask] = containers(raw_spec)
                 if len(self.parts) > self.size:
                     self.parts.popitem(last=False)
             s = dict(parts)  # the lists inside are shared between the pods that ask alike: read only
@@ -192,48 +131,29 @@ class PodProjector:
             out["spec"] = s
             out[ASK] = ask
         status = top.get("status")
-        if isinstance(status, simdjson.Object) and (phase := _pick(status, ("phase",)).get("phase")) is not None:
+        if isinstance(status, simdjson.Object) and (phase := pick(status, ("phase",)).get("phase")) is not None:
             out["status"] = {"phase": phase}
         return out
 
     @staticmethod
     def _ask(spec: dict[str, Any], annotations: dict[str, Any] | None) -> bytes:
         chunks: list[bytes] = []
-        for key, names in _CONTAINER_FIELDS:
+        for key, names in CONTAINER_FIELDS:
             chunks.append(key.encode())
             raw = spec.get(key)
             if isinstance(raw, simdjson.Array):  # as it should be
                 for c in raw:
                     if isinstance(c, simdjson.Object):
-                        fields = _pick(c, names)
-                        chunks.extend(_raw(fields.get(f)) for f in names)
+                        fields = pick(c, names)
+                        chunks.extend(raw_json(fields.get(f)) for f in names)
                     else:
-                        chunks.append(_raw(c))
+                        chunks.append(raw_json(c))
             else:
-                chunks.append(_raw(raw))
-        chunks.append(_raw(spec.get("overhead")))
+                chunks.append(raw_json(raw))
+        chunks.append(raw_json(spec.get("overhead")))
         if annotations:
             chunks.append(orjson.dumps({k: v for k, v in annotations.items() if k != labels.ANN_GPUS}))
         return b"\0".join(chunks)
-
-
-def _pick(obj: Any, names: tuple[str, ...]) -> dict[str, Any]:
-    """The fields of ``names`` that ``obj`` has (none when it is not an object). simdjson charges some
-    2 us for looking up a key that is absent (it raises and catches inside), against 0.05 us for one
-    that is there, and most pods lack most optional fields: so the keys are read first."""
-    if isinstance(obj, dict):
-        return {k: obj[k] for k in names if k in obj}
-    if not isinstance(obj, simdjson.Object):
-        return {}
-    return {k: obj.get(k) for k in obj if k in names}
-
-
-def _raw(value: Any) -> bytes:
-    """The JSON of a lazily parsed value (or of a plain one)."""
-    if not isinstance(value, _LAZY):
-        return orjson.dumps(value)
-    mini: Any = value.mini  # bytes, though pysimdjson's stubs say str
-    return mini if isinstance(mini, bytes) else str(mini).encode()
 
 
 class Demands:

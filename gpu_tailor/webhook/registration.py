@@ -3,19 +3,27 @@
 One definition for ``manifests/webhook/mutatingwebhookconfiguration.yaml`` (a test keeps the two
 identical) and for ``gpu-tailor certs``, which writes it with the caBundle filled in.
 
-What it selects and why:
+Two entries, one ``/mutate``, split by what the pod asks for (CEL ``matchConditions``, evaluated by the
+API server; beta and on by default in Kubernetes 1.28, GA from 1.30), so that an outage of gpu-tailor
+refuses only what it must:
 
-* every pod CREATE in a namespace labelled ``gpu-tailor.io/enabled=true``, but never in the webhook's
-  own namespace or kube-system, whatever their labels: with ``failurePolicy: Fail`` a webhook that is
-  down would otherwise block the pods that bring it (or the cluster's DNS and network) back. The
-  selector reads ``kubernetes.io/metadata.name``, which the API server sets and nobody can change;
-  ``mutate.decide`` lets pods of these namespaces through untouched as well;
-* a pod UPDATE only when it adds, removes or changes a ``gpu-tailor.io/*`` annotation (a CEL
-  ``matchCondition``, evaluated by the API server; beta and on by default in Kubernetes 1.28), which
-  the webhook refuses (``guard``). Updates that leave them alone never reach it, so labels and
-  finalizers keep working while it is down. The extender's GPUs arrive through ``pods/binding``,
-  which no rule here matches;
-* not pods labelled ``gpu-tailor.io/skip=true``.
+* ``pods.gpu-tailor.io``, ``failurePolicy: Fail``: a pod CREATE that may ask for a GPU -- any container or
+  init container with an ``nvidia.com/*`` or ``gpu-tailor.io/*`` request or limit, or any
+  ``gpu-tailor.io/*`` annotation -- and a pod UPDATE that adds, removes or changes a ``gpu-tailor.io/*``
+  annotation (which the webhook refuses: ``guard``). Let through unanswered, a portable ask would reach
+  kube-scheduler as a resource no node has (Pending with a reason no user understands), a native ask
+  would skip the limits == requests check, and a forged ``gpu-tailor.io/gpus`` would go unchecked;
+* ``cpu-pods.gpu-tailor.io``, ``failurePolicy: Ignore``: every other pod CREATE. The webhook only routes
+  these to gpu-tailor's scheduler (``cpuOnlyPods``); when it cannot answer they are created as they are
+  and the default scheduler places them. Updates that leave the annotations alone never reach it, so
+  labels and finalizers keep working while it is down. The extender's GPUs arrive through
+  ``pods/binding``, which no rule here matches.
+
+Both select namespaces labelled ``gpu-tailor.io/enabled=true``, but never the webhook's own namespace or
+kube-system, whatever their labels: a webhook that is down would otherwise block the pods that bring it
+(or the cluster's DNS and network) back. The selector reads ``kubernetes.io/metadata.name``, which the API
+server sets and nobody can change; ``mutate.decide`` lets pods of these namespaces through untouched as
+well. Pods labelled ``gpu-tailor.io/skip=true`` are never sent.
 """
 
 from __future__ import annotations
@@ -29,16 +37,32 @@ NAMESPACE = "gpu-tailor"  # the webhook's own (manifests/webhook/namespace.yaml)
 SYSTEM_NAMESPACES = ("kube-system",)
 EXEMPT_NAMESPACES = frozenset({NAMESPACE, *SYSTEM_NAMESPACES})
 
+_OURS = f"'{labels.TAILOR_DOMAIN}/'"
+_RESOURCE = f"r.startsWith('{labels.RESOURCE_DOMAIN}/') || r.startsWith({_OURS})"
+_CONTAINER_ASKS = " ".join([
+    "has(c.resources) && (",
+    f"(has(c.resources.requests) && c.resources.requests.exists(r, {_RESOURCE})) ||",
+    f"(has(c.resources.limits) && c.resources.limits.exists(r, {_RESOURCE})))",
+])
+# A CREATE that may ask for a GPU: a GPU resource in any container, or any of our annotations.
+MAY_ASK_FOR_GPU = " ".join([
+    f"object.spec.containers.exists(c, {_CONTAINER_ASKS}) ||",
+    f"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, {_CONTAINER_ASKS})) ||",
+    f"(has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith({_OURS})))",
+])
 _ANNOTATIONS_CHANGED = " ".join([
-    "request.operation == 'CREATE' ||",
     "(has(object.metadata.annotations) && object.metadata.annotations.exists(k,",
-    f"k.startsWith('{labels.TAILOR_DOMAIN}/') && !(has(oldObject.metadata.annotations) &&",
+    f"k.startsWith({_OURS}) && !(has(oldObject.metadata.annotations) &&",
     "k in oldObject.metadata.annotations && oldObject.metadata.annotations[k] == object.metadata.annotations[k])))",
     "||",
     "(has(oldObject.metadata.annotations) && oldObject.metadata.annotations.exists(k,",
-    f"k.startsWith('{labels.TAILOR_DOMAIN}/') && !(has(object.metadata.annotations) &&",
+    f"k.startsWith({_OURS}) && !(has(object.metadata.annotations) &&",
     "k in object.metadata.annotations)))",
 ])
+GPU_PODS = (f"(request.operation == 'CREATE' && ({MAY_ASK_FOR_GPU})) ||"
+            f" (request.operation == 'UPDATE' && ({_ANNOTATIONS_CHANGED}))")
+CPU_PODS = f"!({MAY_ASK_FOR_GPU})"
+GPU_HOOK, CPU_HOOK = "pods.gpu-tailor.io", "cpu-pods.gpu-tailor.io"
 
 
 def exempt_namespaces(namespace: str) -> list[str]:
@@ -47,23 +71,20 @@ def exempt_namespaces(namespace: str) -> list[str]:
 
 
 def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": WEBHOOK_CONFIG_NAME},
-        "webhooks": [{
-            "name": "pods.gpu-tailor.io",
+    def hook(name: str, failure: str, timeout: int, operations: list[str],
+             condition: tuple[str, str]) -> dict[str, Any]:
+        return {
+            "name": name,
             "admissionReviewVersions": ["v1"],
             "sideEffects": "None",
-            "failurePolicy": "Fail",
-            "timeoutSeconds": 5,
+            "failurePolicy": failure,
+            "timeoutSeconds": timeout,
             "reinvocationPolicy": "IfNeeded",
             "matchPolicy": "Equivalent",
             "clientConfig": {"service": {"name": service, "namespace": namespace, "path": "/mutate", "port": 443}},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": operations,
                        "resources": ["pods"], "scope": "Namespaced"}],
-            "matchConditions": [{"name": "create-or-gpu-tailor-annotations-changed",
-                                 "expression": _ANNOTATIONS_CHANGED}],
+            "matchConditions": [{"name": condition[0], "expression": condition[1]}],
             "namespaceSelector": {"matchExpressions": [
                 {"key": labels.NAMESPACE_OPT_IN_LABEL, "operator": "In", "values": ["true"]},
                 {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": exempt_namespaces(namespace)},
@@ -71,5 +92,15 @@ def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
             "objectSelector": {"matchExpressions": [
                 {"key": labels.POD_OPT_OUT_LABEL, "operator": "NotIn", "values": ["true"]},
             ]},
-        }],
+        }
+
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": WEBHOOK_CONFIG_NAME},
+        "webhooks": [
+            hook(GPU_HOOK, "Fail", 5, ["CREATE", "UPDATE"], ("gpu-ask-or-gpu-tailor-annotations-changed", GPU_PODS)),
+            # a CPU-only pod waits at most this long for an answer, then is created as it is
+            hook(CPU_HOOK, "Ignore", 3, ["CREATE"], ("no-gpu-ask", CPU_PODS)),
+        ],
     }

@@ -14,7 +14,7 @@ import logging
 import ssl
 import time
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,14 @@ def answer(body: bytes, view: ClusterView) -> Answer:
         where = ".".join(str(p) for p in first["loc"]) or "body"
         return _bad_request(f"{where}: {first['msg']}")
     decision = decide(raw["request"], view.candidates(), view.policy)
+    if decision.allowed and decision.backing != "none" and (age := view.stale()) is not None:
+        decision = replace(decision, warnings=(*decision.warnings, stale_warning(age)))
     return Answer(200, orjson.dumps(response(review.request.uid, decision)), decision)
+
+
+def stale_warning(age: float) -> str:
+    return (f"gpu-tailor has not heard from the API server for {age:.0f}s: this GPU ask was placed by what was "
+            "in use then, and 'prefer what is free now' may be out of date")
 
 
 async def mutate(request: web.Request) -> web.Response:
@@ -101,9 +108,14 @@ def make_app(view: ClusterView) -> web.Application:
     app[METRICS] = Metrics()
     app[METRICS].registry.register(Staleness("gpu_tailor_webhook_watch_staleness_seconds", view.freshness))
     app.router.add_post("/mutate", mutate)
-    add_probes(app, lambda a: a[VIEW].ready, "nodes and pods not synced yet, or a watch has gone quiet",
-               lambda a: a[METRICS].registry)
+    add_probes(app, _ready, "nodes and pods not listed yet", lambda a: a[METRICS].registry)
     return app
+
+
+def _ready(app: web.Application) -> bool:
+    view = app[VIEW]
+    view.stale()  # the kubelet's probes keep the stale/current log lines on time between reviews
+    return view.ready
 
 
 def cluster_file_ctx(path: str) -> Any:
@@ -137,6 +149,7 @@ def watches(api: Any, view: ClusterView) -> list[Coroutine[Any, Any, None]]:
     """The view's two writers: nodes, and the pods that can hold GPUs (``state.ACTIVE_PODS``)."""
     from kubernetes_asyncio import client
 
+    from gpu_tailor.kube.podfields import slim_pod
     from gpu_tailor.kube.watch import list_and_watch
 
     core = client.CoreV1Api(api)
@@ -145,7 +158,8 @@ def watches(api: Any, view: ClusterView) -> list[Coroutine[Any, Any, None]]:
     fresh_pods = view.freshness["pods"] = Freshness()
     return [list_and_watch(core.list_node, view.reset_nodes, view.apply_node, project=node_fields,
                            freshness=fresh_nodes),
-            list_and_watch(pods, view.reset_pods, view.apply_pod, freshness=fresh_pods)]
+            list_and_watch(pods, None, view.apply_pod, relist=view.relist_pods, project=slim_pod,
+                           freshness=fresh_pods)]
 
 
 def watch_ctx(kubeconfig: str | None, in_cluster: bool, kept: KeptCerts | None = None) -> Any:

@@ -6,18 +6,28 @@ Handlers call ``candidates()``, which is recomputed only when something changed.
 "prefer capacity that is free now" and the "no X is free right now" warning true in a cluster.
 
 Per pod only a slim record is kept -- its node and the NVIDIA units it holds there -- and only for
-pods that are bound, not finished, and hold some; the pod object itself is dropped.
+pods that are bound, not finished, and hold some; the pod object itself is dropped. The watch hands pods
+over projected (``kube.podfields.slim_pod``: never managedFields, env, volumes or status), and a relist page
+by page (``PodRelist``), so memory follows the GPU pods held, not the cluster's pod objects.
+
+Ready means able to answer correctly: both halves listed once. A watch that has gone quiet afterwards
+(an API server brown-out) does not make the webhook unready -- what it protects is only a preference and
+a warning -- it shows as the staleness metric, a log line, and a warning on the GPU pods admitted meanwhile.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import sys
+from collections.abc import Iterable
 from typing import Any
 
 from gpu_tailor.gpumodel import catalog
 from gpu_tailor.gpumodel.ask import from_pod
 from gpu_tailor.gpumodel.catalog import Candidate, from_inventories
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
-from gpu_tailor.kube.freshness import Freshness
+from gpu_tailor.kube.freshness import STALE_AFTER, Freshness
 from gpu_tailor.webhook.config import AdmissionPolicy, DeclaredOffering
 
 # The pods that can hold GPUs: what the pod list and watch ask the API server for. A pod that finishes
@@ -25,6 +35,8 @@ from gpu_tailor.webhook.config import AdmissionPolicy, DeclaredOffering
 ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 Held = tuple[str, tuple[tuple[str, int], ...]]  # (node, ((resource, units), ...))
+
+log = logging.getLogger(__name__)
 
 
 class ClusterView:
@@ -38,11 +50,31 @@ class ClusterView:
         self.freshness: dict[str, Freshness] = {}  # per watched resource, when watches keep the view
         self._cache: list[Candidate] | None = None
         self._declared = [declared_candidate(o) for o in policy.offerings]
+        self._was_stale = False
 
     @property
     def ready(self) -> bool:
-        """Listed once, and no watch gone quiet for longer than the API server would keep it open."""
-        return self.nodes_synced and self.pods_synced and all(f.fresh() for f in self.freshness.values())
+        """Both halves listed once: from then on every answer is correct, if perhaps not the best."""
+        return self.nodes_synced and self.pods_synced
+
+    def staleness(self) -> float:
+        """Seconds since the API server last showed the staler half current (0 without watches)."""
+        return max((f.staleness() for f in self.freshness.values()), default=0.0)
+
+    def stale(self) -> float | None:
+        """The staleness once a watch has gone quiet for longer than the API server would keep it open, else
+        None; logs the moment the view turns stale and the moment it is current again."""
+        age = self.staleness()
+        stale = age > STALE_AFTER and self.ready
+        if stale != self._was_stale:
+            self._was_stale = stale
+            if stale:
+                log.warning("no news from the API server for %.0fs: still admitting pods, but 'prefer what is "
+                            "free now' works from what was known then (metric gpu_tailor_webhook_watch_staleness_"
+                            "seconds)", age)
+            else:
+                log.info("the API server is heard from again: the view of the cluster is current")
+        return age if stale and math.isfinite(age) else None
 
     def reset(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]] | None = None) -> None:
         """Both halves at once (``--cluster-file``, tests)."""
@@ -63,13 +95,19 @@ class ClusterView:
         self._cache = None
 
     def reset_pods(self, pods: list[dict[str, Any]]) -> None:
-        self.held = {}
+        relist = self.relist_pods()
+        relist.page(pods)
+        relist.done()
+
+    def relist_pods(self) -> PodRelist:
+        """A pod relist, fed page by page (``kube.watch.Relist``)."""
+        return PodRelist(self)
+
+    def _install(self, held: dict[str, Held]) -> None:
+        self.held = held
         self.used = {}
-        for pod in pods:
-            held = holding(pod)
-            if held is not None:
-                self.held[pod_id(pod)] = held
-                self._count(held, +1)
+        for h in held.values():
+            self._count(h, +1)
         self.pods_synced = True
         self._cache = None
 
@@ -104,6 +142,26 @@ class ClusterView:
         return self._cache
 
 
+class PodRelist:
+    """A pod relist: each page is folded into slim records as it arrives, so no more than one page of pods
+    is held at a time; the view takes the new records (and drops every old one) once the list is complete."""
+
+    def __init__(self, view: ClusterView) -> None:
+        self.view = view
+        self.held: dict[str, Held] = {}
+
+    def page(self, items: list[dict[str, Any]]) -> Iterable[None]:
+        for pod in items:
+            held = holding(pod)
+            if held is not None:
+                self.held[pod_id(pod)] = held
+        return ()
+
+    def done(self) -> Iterable[None]:
+        self.view._install(self.held)
+        return ()
+
+
 def pod_id(pod: dict[str, Any]) -> str:
     meta = pod.get("metadata") or {}
     return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
@@ -117,7 +175,7 @@ def holding(pod: dict[str, Any]) -> Held | None:
     if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
         return None
     units = tuple(sorted((r, n) for r, n in from_pod(pod).effective_native.items() if n > 0))
-    return (str(node), units) if units else None
+    return (sys.intern(str(node)), units) if units else None  # one string per node, however many pods
 
 
 def usage(pods: list[dict[str, Any]]) -> dict[str, dict[str, int]]:

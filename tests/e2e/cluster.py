@@ -219,11 +219,17 @@ def write_overlay(overlay: Path, webhook_url: str) -> None:
         "patches": [{
             "target": {"group": "admissionregistration.k8s.io", "kind": "MutatingWebhookConfiguration",
                        "name": "gpu-tailor"},
-            "patch": yaml.safe_dump([{"op": "replace", "path": "/webhooks/0/clientConfig",
-                                      "value": {"url": webhook_url}}]),
+            "patch": yaml.safe_dump([{"op": "replace", "path": f"/webhooks/{i}/clientConfig",
+                                      "value": {"url": webhook_url}} for i in range(_webhook_entries())]),
         }],
     }
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
+
+
+def _webhook_entries() -> int:
+    (doc,) = [d for d in yaml.safe_load_all((REPO / "manifests" / "webhook" / "mutatingwebhookconfiguration.yaml")
+                                            .read_text()) if d]
+    return len(doc["webhooks"])
 
 
 @dataclass(frozen=True)

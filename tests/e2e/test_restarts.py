@@ -46,19 +46,31 @@ def certificate_state(cluster: Stack) -> tuple[object, list[str]]:
     return secret["data"], [w["clientConfig"].get("caBundle", "") for w in config["webhooks"]]
 
 
-def test_webhook_down_fails_creates_closed_and_recovers(cluster: Stack, pods: Pods) -> None:
+def test_webhook_down_refuses_gpu_asks_lets_cpu_pods_through_and_recovers(cluster: Stack, pods: Pods) -> None:
     ns = cluster.opted_in
     before = certificate_state(cluster)
     assert all(before[1]), "the webhook wrote no caBundle"
     cluster.webhook.kill()
-    name = unique("while-webhook-down")
-    with pytest.raises(ApiError) as refused:
-        pods.create(ns, gpu_pod(name, {"gpu-tailor.io/gpu-milli": "250"}))
-    # failurePolicy: Fail -- the pod is refused, not let through with an ask nothing can schedule
-    assert refused.value.status == 500
-    assert 'failed calling webhook "pods.gpu-tailor.io"' in refused.value.message
-    assert "connection refused" in refused.value.message
-    assert not cluster.kube.exists(api_path("pods", ns, name))
+    init_only = gpu_pod(unique("init-gpu"), {"cpu": "100m"})
+    init_only["spec"]["initContainers"] = [{"name": "warm", "image": "busybox", "command": ["true"],
+                                            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    # failurePolicy: Fail for whatever may ask for a GPU -- refused, not let through with an ask nothing can
+    # schedule, a native ask unchecked, or a forged GPU annotation
+    for pod in (gpu_pod(unique("portable"), {"gpu-tailor.io/gpu-milli": "250"}),
+                gpu_pod(unique("native"), {"nvidia.com/gpu": "1"}),
+                init_only,
+                gpu_pod(unique("forged"), {"cpu": "100m"}, annotations={"gpu-tailor.io/gpus": "0,1"})):
+        name = pod["metadata"]["name"]
+        with pytest.raises(ApiError) as refused:
+            pods.create(ns, pod)
+        assert refused.value.status == 500, name
+        assert 'failed calling webhook "pods.gpu-tailor.io"' in refused.value.message, name
+        assert "connection refused" in refused.value.message
+        assert not cluster.kube.exists(api_path("pods", ns, name))
+    # failurePolicy: Ignore for the rest: a CPU-only pod is created as it is, for the default scheduler
+    cpu_only = pods.create(ns, gpu_pod(unique("cpu-only"), {"cpu": "100m", "memory": "64Mi"},
+                                       annotations={"team": "a"}))
+    assert pods.get(cpu_only)["spec"]["schedulerName"] == "default-scheduler"
     # namespaces that did not opt in do not depend on the webhook
     pods.create(cluster.plain, gpu_pod(unique("not-opted-in"), {"cpu": "100m"}))
 

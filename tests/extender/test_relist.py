@@ -15,11 +15,12 @@ import pytest
 import simdjson
 
 from gpu_tailor.extender.cache import POD_CHUNK, Cache
-from gpu_tailor.extender.records import KNOWN, Demands, PodProjector, pod_record, slim_pod
+from gpu_tailor.extender.records import KNOWN, Demands, PodProjector, pod_record
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.inventory import from_node, node_fields
 from gpu_tailor.gpumodel.schedule import demand_of
 from gpu_tailor.kube.freshness import STALE_AFTER, Freshness
+from gpu_tailor.kube.podfields import slim_pod
 from tests.conftest import FIXTURES, load_fixture, node_fixture
 from tests.extender.builders import NODE_NAMES, cluster, gpu_pod, pod_of
 

@@ -20,21 +20,25 @@ def manifest(*parts: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(ROOT.joinpath("manifests", *parts).read_text()) if d]
 
 
-def hook() -> dict[str, Any]:
+def hooks() -> dict[str, dict[str, Any]]:
     (doc,) = manifest("webhook", "mutatingwebhookconfiguration.yaml")
-    h: dict[str, Any] = doc["webhooks"][0]
-    return h
+    return {h["name"]: h for h in doc["webhooks"]}
 
 
-def test_updates_reach_the_webhook_only_when_gpu_tailor_annotations_change() -> None:
-    h = hook()
-    (rule,) = h["rules"]
-    assert rule["operations"] == ["CREATE", "UPDATE"] and rule["resources"] == ["pods"]  # not pods/binding
-    (cond,) = h["matchConditions"]
-    expr = cond["expression"]
-    assert expr.startswith("request.operation == 'CREATE' ||")
-    assert expr.count("k.startsWith('gpu-tailor.io/')") == 2  # added or changed, and removed
-    assert "\n" not in expr
+def test_gpu_asks_fail_closed_and_everything_else_fails_open() -> None:
+    """What each entry sees and what an outage does to it; which pods each takes is
+    tests/webhook/test_match_conditions.py's (the CEL evaluated)."""
+    gpu, cpu = hooks()["pods.gpu-tailor.io"], hooks()["cpu-pods.gpu-tailor.io"]
+    assert (gpu["failurePolicy"], cpu["failurePolicy"]) == ("Fail", "Ignore")
+    ((gpu_rule,), (cpu_rule,)) = gpu["rules"], cpu["rules"]
+    assert gpu_rule["operations"] == ["CREATE", "UPDATE"] and gpu_rule["resources"] == ["pods"]  # not pods/binding
+    assert cpu_rule["operations"] == ["CREATE"] and cpu_rule["resources"] == ["pods"]
+    assert cpu["timeoutSeconds"] < gpu["timeoutSeconds"]  # a CPU pod waits less for an answer it can do without
+    assert cpu["clientConfig"] == gpu["clientConfig"] and cpu["namespaceSelector"] == gpu["namespaceSelector"]
+    assert cpu["objectSelector"] == gpu["objectSelector"]
+    for h in (gpu, cpu):
+        (cond,) = h["matchConditions"]
+        assert "\n" not in cond["expression"]
 
 
 def test_the_one_other_annotation_writer_is_the_extenders_service_account() -> None:

@@ -1,0 +1,92 @@
+"""The webhook configuration's CEL matchConditions, evaluated with cel-python on real admission requests and on
+generated pods: every pod CREATE reaches exactly one of the two entries, and never a pod that may ask for a GPU
+the ``Ignore`` one (kube-apiserver evaluates the same expressions: tests/e2e shows it on real control planes)."""
+
+from __future__ import annotations
+
+import glob
+from typing import Any
+
+import celpy
+from celpy.adapter import json_to_cel
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpu_tailor.gpumodel.ask import from_pod
+from gpu_tailor.webhook import registration
+from gpu_tailor.webhook.registration import CPU_HOOK, GPU_HOOK
+from tests.conftest import FIXTURES, load_fixture
+
+_ENV = celpy.Environment()
+CONDITIONS = {h["name"]: _ENV.program(_ENV.compile(h["matchConditions"][0]["expression"]))
+              for h in registration.webhook_configuration("gpu-tailor-webhook", "gpu-tailor")["webhooks"]}
+
+
+def reaches(operation: str, pod: dict[str, Any], old: dict[str, Any] | None = None) -> set[str]:
+    """The entries whose matchCondition admits this request (rules and operations included)."""
+    activation = {"request": json_to_cel({"operation": operation}), "object": json_to_cel(pod),
+                  "oldObject": json_to_cel(old or {})}
+    operations = {GPU_HOOK: {"CREATE", "UPDATE"}, CPU_HOOK: {"CREATE"}}
+    return {name for name, prog in CONDITIONS.items() if operation in operations[name] and prog.evaluate(activation)}
+
+
+def test_the_captured_requests_reach_one_entry_each_and_the_gpu_ones_the_failing_one() -> None:
+    seen = set()
+    for path in sorted(glob.glob(str(FIXTURES / "admission" / "*.json"))):
+        request = load_fixture("admission", path.rsplit("/", 1)[1])["request"]
+        pod = request["object"]
+        (entry,) = reaches(request["operation"], pod)
+        assert (entry == GPU_HOOK) == from_pod(pod).has_gpu, path
+        seen.add(entry)
+    assert seen == {GPU_HOOK, CPU_HOOK}
+
+
+RESOURCES = st.sampled_from(["cpu", "memory", "nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.5gb",
+                             "gpu-tailor.io/gpu-milli", "gpu-tailor.io/gpu-memory", "example.com/fpga",
+                             "nvidia.com/unknown"])
+QUANTITY = st.sampled_from(["0", "1", "2", "250", "500m", "10Gi"])
+CONTAINER = st.builds(lambda name, req, lim, always: {
+    "name": name, "resources": {k: v for k, v in (("requests", req), ("limits", lim)) if v is not None},
+    **({"restartPolicy": "Always"} if always else {})},
+    st.sampled_from(["a", "b", "c"]), st.none() | st.dictionaries(RESOURCES, QUANTITY, max_size=3),
+    st.none() | st.dictionaries(RESOURCES, QUANTITY, max_size=3), st.booleans())
+ANNOTATIONS = st.none() | st.dictionaries(st.sampled_from(["gpu-tailor.io/isolation", "gpu-tailor.io/gpus",
+                                                           "example.com/x", "gpu-tailor.io/product"]),
+                                          st.sampled_from(["mig", "0", "H100"]), max_size=2)
+
+
+@st.composite
+def pods(draw: st.DrawFn) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "p", "namespace": "team-a"}
+    if (annotations := draw(ANNOTATIONS)) is not None:
+        meta["annotations"] = annotations
+    spec: dict[str, Any] = {"containers": draw(st.lists(CONTAINER, min_size=1, max_size=3))}
+    if init := draw(st.lists(CONTAINER, max_size=2)):
+        spec["initContainers"] = init
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def may_ask_for_gpu(pod: dict[str, Any]) -> bool:
+    containers = pod["spec"]["containers"] + pod["spec"].get("initContainers", [])
+    names = {r for c in containers for part in c["resources"].values() for r in part}
+    ours = any(k.startswith("gpu-tailor.io/") for k in pod["metadata"].get("annotations") or {})
+    return ours or any(r.startswith(("nvidia.com/", "gpu-tailor.io/")) for r in names)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pods())
+def test_every_create_reaches_one_entry_and_no_gpu_ask_the_ignoring_one(pod: dict[str, Any]) -> None:
+    (entry,) = reaches("CREATE", pod)
+    assert entry == (GPU_HOOK if may_ask_for_gpu(pod) else CPU_HOOK)
+    if from_pod(pod).has_gpu:  # what the webhook itself counts as a GPU ask never fails open
+        assert entry == GPU_HOOK
+
+
+def test_updates_reach_the_failing_entry_only_when_our_annotations_change() -> None:
+    pod = {"metadata": {"name": "p", "annotations": {"team": "a"}}, "spec": {"containers": [{"name": "c"}]}}
+    ours = {"metadata": {"name": "p", "annotations": {"team": "a", "gpu-tailor.io/gpus": "0"}},
+            "spec": {"containers": [{"name": "c"}]}}
+    assert reaches("UPDATE", pod, pod) == set()
+    assert reaches("UPDATE", ours, ours) == set()  # present before and after, unchanged
+    assert reaches("UPDATE", ours, pod) == {GPU_HOOK}  # added
+    assert reaches("UPDATE", pod, ours) == {GPU_HOOK}  # removed
