@@ -67,6 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (optional)")
     ex.add_argument("--tls-key", metavar="FILE", help="private key for --tls-cert")
     ex.add_argument("--config", metavar="FILE", help="YAML settings: maxBodyMiB (default 64)")
+    ex.add_argument("--metrics-listen", metavar="HOST:PORT",
+                    help="also serve /metrics, /healthz, /readyz and /livez here over plain HTTP (e.g. 0.0.0.0:9090, "
+                         "the pod IP for Prometheus and the kubelet), and nothing else: the verbs stay on --listen")
+    ex.add_argument("--unhealthy-after", type=float, default=300, metavar="SECONDS",
+                    help="answer /healthz and /livez 503 once every list and watch has failed this long, or no first "
+                         "sync this long after start, so the kubelet restarts the pair and the Lease moves on")
+    ex.add_argument("--scheduler-healthz", metavar="URL",
+                    help="/livez also asks the kube-scheduler beside it (e.g. https://127.0.0.1:10259/healthz): "
+                         "kube-scheduler's liveness probe asks /livez")
     _drain(ex)
     _cluster_source(ex)
 

@@ -15,7 +15,8 @@ import logging
 import os
 import signal
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -98,11 +99,20 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/livez", "/metrics"})
+
+
 def add_probes(app: web.Application, ready: Callable[[web.Application], bool], not_ready: str,
-               registry: Callable[[web.Application], CollectorRegistry]) -> None:
-    """``/healthz`` (alive), ``/readyz`` (503 with ``not_ready`` until synced) and ``/metrics``."""
+               registry: Callable[[web.Application], CollectorRegistry],
+               unhealthy: Callable[[web.Application], str | None] | None = None) -> None:
+    """``/healthz`` (alive: 503 with ``unhealthy``'s reason when it gives one), ``/readyz`` (503 with
+    ``not_ready`` until synced) and ``/metrics``."""
 
     async def healthz(request: web.Request) -> web.Response:
+        why = unhealthy(request.app) if unhealthy is not None else None
+        if why:
+            return web.Response(status=503, text=why)
         return web.Response(text="ok")
 
     app[LIFECYCLE] = Lifecycle()
@@ -123,12 +133,28 @@ def add_probes(app: web.Application, ready: Callable[[web.Application], bool], n
     app.router.add_get("/metrics", metrics)
 
 
+def probes_only(port: int) -> Any:
+    """Middleware: on the listener at ``port`` only the probes and ``/metrics`` are served (404 for the rest),
+    so that a port opened to the pod network for Prometheus and the kubelet exposes nothing else."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        sock = request.transport.get_extra_info("sockname") if request.transport is not None else None
+        if sock is not None and sock[1] == port and request.path not in PROBE_PATHS:
+            raise web.HTTPNotFound(text=f"only {', '.join(sorted(PROBE_PATHS))} are served on this port")
+        return await handler(request)
+
+    return middleware
+
+
 async def serve_until_stopped(app: web.Application, listen: str, ssl_ctx: ssl.SSLContext | None,
                               reloader: CertReloader | None, what: str, *, drain: float = 2.0,
-                              grace: float = 20.0, stop: asyncio.Event | None = None) -> None:
+                              grace: float = 20.0, stop: asyncio.Event | None = None,
+                              probes_listen: str | None = None) -> None:
     """Serve ``app`` until SIGTERM or SIGINT (or ``stop``), then stop gracefully (module docstring):
     not ready at once, still serving for ``drain`` seconds, then in-flight requests get ``grace``
-    seconds to finish."""
+    seconds to finish. With ``probes_listen`` the probes and ``/metrics`` are also served there, over plain
+    HTTP, and nothing else is (``app`` must carry ``probes_only`` for that address's port)."""
     host, port = split_listen(listen)
     loop = asyncio.get_running_loop()
     runner = web.AppRunner(app, shutdown_timeout=grace)
@@ -136,6 +162,10 @@ async def serve_until_stopped(app: web.Application, listen: str, ssl_ctx: ssl.SS
     try:
         await web.TCPSite(runner, host, port, ssl_context=ssl_ctx).start()
         log.info("%s serving %s://%s:%d", what, "https" if ssl_ctx else "http", host, port)
+        if probes_listen:
+            p_host, p_port = split_listen(probes_listen)
+            await web.TCPSite(runner, p_host, p_port).start()
+            log.info("%s serving probes and metrics on http://%s:%d", what, p_host, p_port)
         stop = stop or asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)

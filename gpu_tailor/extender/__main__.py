@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.server import DEFAULT_MAX_BODY, make_app, watch_ctx
-from gpu_tailor.serving import CertReloader, serve_until_stopped, tls_context
+from gpu_tailor.serving import CertReloader, serve_until_stopped, split_listen, tls_context
 
 
 class Settings(BaseModel):
@@ -45,7 +45,13 @@ async def serve(args: argparse.Namespace) -> None:
         nodes, pods = load_cluster(args.cluster_file)
         cache.reset_pods(pods)
         cache.reset_nodes(nodes)
-    app = make_app(cache, max_body=settings.maxBodyMiB * 2**20)
+    if not 0 < args.unhealthy_after <= 3600:
+        raise ValueError("--unhealthy-after: expected seconds between 1 and 3600")
+    probes_port = split_listen(args.metrics_listen)[1] if args.metrics_listen else None
+    if probes_port is not None and probes_port == split_listen(args.listen)[1]:
+        raise ValueError("--metrics-listen needs a port of its own, not --listen's")
+    app = make_app(cache, max_body=settings.maxBodyMiB * 2**20, unhealthy_after=args.unhealthy_after,
+                   scheduler_healthz=args.scheduler_healthz, probes_port=probes_port)
     if not args.cluster_file:
         app.cleanup_ctx.append(watch_ctx(cache, args.kubeconfig, args.in_cluster))
     ssl_ctx, reloader = None, None
@@ -54,7 +60,8 @@ async def serve(args: argparse.Namespace) -> None:
             raise ValueError("--tls-cert and --tls-key go together")
         ssl_ctx = tls_context(args.tls_cert, args.tls_key)
         reloader = CertReloader(ssl_ctx, args.tls_cert, args.tls_key)
-    await serve_until_stopped(app, args.listen, ssl_ctx, reloader, "extender", drain=args.drain)
+    await serve_until_stopped(app, args.listen, ssl_ctx, reloader, "extender", drain=args.drain,
+                              probes_listen=args.metrics_listen)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -35,7 +35,7 @@ from gpu_tailor.extender.records import PodProjector, PodRecord, pod_record
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.inventory import node_fields
 from gpu_tailor.kube.freshness import Staleness
-from gpu_tailor.serving import add_probes
+from gpu_tailor.serving import add_probes, probes_only
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY = 64 * 2**20  # a full NodeList of a big cluster is large
@@ -270,9 +270,67 @@ async def _after_failed_binding(cache: Cache, binder: Binder, args: verbs.BindAr
     return {"Error": f"{error} (the pod is bound to {node})"}
 
 
-def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT_MAX_BODY) -> web.Application:
-    app = web.Application(client_max_size=max_body)
+UNHEALTHY_AFTER = 300.0  # seconds without the API server before /healthz gives up (--unhealthy-after)
+
+
+class StepDown:
+    """``/healthz``'s verdict. The extender is alive until it has been cut off from the API server for longer
+    than ``after`` seconds: every list and watch of some kind failing for that long, or no first sync that
+    long after start. Then the kubelet restarts it, and ``/livez`` (what its kube-scheduler's liveness
+    probe asks) fails too, so that kube-scheduler restarts and its leader-election Lease goes to a replica
+    whose extender can reach the API server. A stuck extender must not keep the Lease: every pod the
+    profile schedules would wait."""
+
+    def __init__(self, cache: Cache, after: float = UNHEALTHY_AFTER) -> None:
+        self.cache, self.after = cache, after
+        self.started = cache.clock()
+
+    def why(self) -> str | None:
+        """Why the extender is not healthy, or None."""
+        cache, now = self.cache, self.cache.clock()
+        if not (cache.nodes_synced and cache.pods_synced) and now - self.started > self.after:
+            return f"not synced with the API server {now - self.started:.0f}s after start (--unhealthy-after " \
+                   f"{self.after:.0f})"
+        for resource, fresh in sorted(cache.freshness.items()):
+            if (failing := fresh.failing_for()) > self.after:
+                return f"every list and watch of {resource} has failed for {failing:.0f}s (--unhealthy-after " \
+                       f"{self.after:.0f})"
+        return None
+
+
+STEP_DOWN = web.AppKey("step_down", StepDown)
+SCHEDULER_HEALTHZ = web.AppKey("scheduler_healthz", str)
+
+
+async def livez(request: web.Request) -> web.Response:
+    """This replica can schedule: the extender is healthy (``StepDown``) and, with ``--scheduler-healthz``,
+    the kube-scheduler beside it answers its own ``/healthz``. kube-scheduler's liveness probe asks this."""
+    why = request.app[STEP_DOWN].why()
+    url = request.app.get(SCHEDULER_HEALTHZ)
+    if why is None and url:
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session, \
+                    session.get(url, ssl=False) as resp:
+                if resp.status != 200:
+                    why = f"kube-scheduler's {url} answered {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            why = f"kube-scheduler's {url} did not answer: {type(exc).__name__} {exc}".rstrip()
+    if why:
+        return web.Response(status=503, text=why)
+    return web.Response(text="ok")
+
+
+def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT_MAX_BODY, *,
+             unhealthy_after: float = UNHEALTHY_AFTER, scheduler_healthz: str | None = None,
+             probes_port: int | None = None) -> web.Application:
+    """The extender's routes. ``probes_port``: the port of ``--metrics-listen``, where only the probes and
+    ``/metrics`` are served (``serving.probes_only``)."""
+    app = web.Application(client_max_size=max_body,
+                          middlewares=[probes_only(probes_port)] if probes_port is not None else [])
     app[CACHE] = cache
+    app[STEP_DOWN] = StepDown(cache, unhealthy_after)
+    if scheduler_healthz:
+        app[SCHEDULER_HEALTHZ] = scheduler_healthz
     app[METRICS] = Metrics()
     app[METRICS].registry.register(Staleness("gpu_tailor_extender_watch_staleness_seconds", cache.freshness))
     app[BINDER] = BinderSlot(binder)
@@ -281,7 +339,8 @@ def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT
     app.router.add_post("/bind", _verb("bind", _bind))
     app.router.add_post("/preempt", _verb("preempt", _preempt))
     add_probes(app, lambda a: a[CACHE].ready, "not synced with the API server yet, or a watch has gone quiet",
-               lambda a: a[METRICS].registry)
+               lambda a: a[METRICS].registry, lambda a: a[STEP_DOWN].why())
+    app.router.add_get("/livez", livez)
     return app
 
 

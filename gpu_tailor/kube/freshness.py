@@ -18,14 +18,26 @@ STALE_AFTER = 2 * (WATCH_WINDOW + QUIET_GRACE)  # not heard from for this long: 
 
 class Freshness:
     """When the API server last showed that this view is current: a list completed, a watch window
-    opened or ended normally, an event or a bookmark arrived."""
+    opened or ended normally, an event or a bookmark arrived; and since when every try to list or watch
+    has failed (None while the last one worked)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.last = -math.inf
+        self.failing_since: float | None = None
 
     def heard(self) -> None:
         self.last = self.clock()
+        self.failing_since = None
+
+    def failed(self) -> None:
+        """A list or watch failed (refused, cut, timed out): the first of a run of failures starts the clock."""
+        if self.failing_since is None:
+            self.failing_since = self.clock()
+
+    def failing_for(self) -> float:
+        """Seconds every try has failed for (0 while the last one worked)."""
+        return 0.0 if self.failing_since is None else self.clock() - self.failing_since
 
     def staleness(self) -> float:
         """Seconds since the API server was last heard from (infinite before the first list)."""

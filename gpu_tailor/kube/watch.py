@@ -208,6 +208,7 @@ async def list_and_watch(
             if exc.status == 410:
                 log.info("watch expired (410 Gone): relisting")
                 continue
+            fresh.failed()
             failures += 1
             delay = _jittered(backoff, max_backoff, failures)
             log.warning("API error %s during list/watch: relisting in %.1fs", exc.status, delay)
@@ -215,6 +216,7 @@ async def list_and_watch(
         except Exception as exc:  # a broken or silent stream, an outage: start over from a fresh list
             if delivered[0]:
                 failures = 0
+            fresh.failed()
             failures += 1
             delay = _jittered(backoff, max_backoff, failures)
             log.warning("list/watch failed (%s): relisting in %.1fs", type(exc).__name__ + (f": {exc}" if str(exc)

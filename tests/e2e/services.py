@@ -131,6 +131,7 @@ class Stack:
     scheduler: Service
     overlay: Path
     workdir: Path
+    extender_probes: str = ""  # http://POD_IP:PORT of the extender's --metrics-listen (POD_IP: 127.0.0.2 here)
     opted_in: str = OPTED_IN
     plain: str = PLAIN
 
@@ -204,6 +205,18 @@ def webhook_tls_args(argv: list[str]) -> list[str]:
     return [*argv, "--ip", "127.0.0.1", "--certs-sync-interval", "1"]
 
 
+POD_IP = "127.0.0.2"  # what stands for the pod IP: a loopback address other than the verbs' 127.0.0.1
+
+
+def extender_argv(rendered: Rendered, listen: str, probes_port: int, scheduler_port: int,
+                  kubeconfig: Path) -> list[str]:
+    """The extender container's command: verbs on ``listen``, probes and metrics on POD_IP:``probes_port``,
+    ``/livez`` asking the kube-scheduler on ``scheduler_port``."""
+    argv = _gpu_tailor_argv(rendered, "gpu-tailor-scheduler", "extender", listen, kubeconfig)
+    argv = replace_flag(argv, "--metrics-listen", f"{POD_IP}:{probes_port}")
+    return replace_flag(argv, "--scheduler-healthz", f"https://127.0.0.1:{scheduler_port}/healthz")
+
+
 def _gpu_tailor_argv(rendered: Rendered, deployment: str, container: str, listen: str, kubeconfig: Path) -> list[str]:
     argv = rendered.argv(deployment, container)
     if argv and Path(argv[0]).name == "gpu-tailor":  # the image's entrypoint, if the manifest names it
@@ -240,14 +253,13 @@ def webhook_argv(rendered: Rendered, port: int, kubeconfig: Path) -> list[str]:
 
 
 def start_stack(cp: ControlPlane, kube: Kube, workdir: Path) -> Stack:
-    webhook_port, extender_port, scheduler_port = free_port(), free_port(), free_port()
+    webhook_port, extender_port, scheduler_port, probes_port = free_port(), free_port(), free_port(), free_port()
     overlay = workdir / "overlay"
     rendered = install(cp, kube, workdir, webhook_port)
     webhook_kc = identity(cp, kube, rendered, "gpu-tailor-webhook", workdir)
     scheduler_kc = identity(cp, kube, rendered, "gpu-tailor-scheduler", workdir)
     wh_argv = webhook_argv(rendered, webhook_port, webhook_kc)
-    extender_argv = _gpu_tailor_argv(rendered, "gpu-tailor-scheduler", "extender", f"127.0.0.1:{extender_port}",
-                                     scheduler_kc)
+    ext_argv = extender_argv(rendered, f"127.0.0.1:{extender_port}", probes_port, scheduler_port, scheduler_kc)
     config_path = workdir / "gpu-tailor-scheduler-config.yaml"
     config_path.write_text(yaml.safe_dump(scheduler_config(rendered, extender_port, scheduler_kc), sort_keys=False))
     sched_argv = rendered.argv("gpu-tailor-scheduler", "kube-scheduler")
@@ -260,11 +272,11 @@ def start_stack(cp: ControlPlane, kube: Kube, workdir: Path) -> Stack:
     stack = Stack(cp, kube, rendered,
                   webhook=Service("gpu-tailor webhook", wh_argv, logs / "webhook.log",
                                   f"https://127.0.0.1:{webhook_port}/readyz"),
-                  extender=Service("gpu-tailor extender", extender_argv, logs / "extender.log",
+                  extender=Service("gpu-tailor extender", ext_argv, logs / "extender.log",
                                    f"http://127.0.0.1:{extender_port}/readyz"),
                   scheduler=Service("gpu-tailor-scheduler (kube-scheduler)", sched_argv, logs / "kube-scheduler.log",
                                     f"https://127.0.0.1:{scheduler_port}/healthz"),
-                  overlay=overlay, workdir=workdir)
+                  overlay=overlay, workdir=workdir, extender_probes=f"http://{POD_IP}:{probes_port}")
     try:
         for service in stack.services:
             service.start()

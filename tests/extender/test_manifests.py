@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 from aiohttp.test_utils import TestServer
@@ -125,29 +125,38 @@ def test_sidecar_listens_where_the_scheduler_calls_and_both_mount_what_they_need
     assert pod["serviceAccountName"] == "gpu-tailor-scheduler"
 
 
-@pytest.mark.parametrize(("probe", "synced", "exit_code"), [
-    pytest.param("livenessProbe", False, 0, id="alive-before-sync"),
-    pytest.param("readinessProbe", False, 1, id="not-ready-before-sync"),
-    pytest.param("readinessProbe", True, 0, id="ready-after-sync"),
-])
-async def test_exec_probes_pass_exactly_on_http_200(probe: str, synced: bool, exit_code: int) -> None:
-    # the kubelet runs these inside the container; here they run against a real extender on a free port
+def test_every_probe_asks_the_extenders_metrics_listener() -> None:
+    """The kubelet sends httpGet probes to the pod IP: they go to --metrics-listen (the verbs' loopback
+    listener is out of its reach), on paths that listener serves; kube-scheduler's liveness is the pair's."""
     pod = docs("deployment.yaml")[0]["spec"]["template"]["spec"]
-    extender = {c["name"]: c for c in pod["containers"]}["extender"]
-    listen = extender["args"][extender["args"].index("--listen") + 1]
-    command: list[str] = extender[probe]["exec"]["command"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    args = containers["extender"]["args"]
+    port = int(args[args.index("--metrics-listen") + 1].rsplit(":", 1)[1])
+    assert {p["name"]: p["containerPort"] for p in containers["extender"]["ports"]} == {"metrics": port}
+    assert not args[args.index("--listen") + 1].startswith("0.0.0.0")
+    probes = {(c, kind): containers[c][kind]["httpGet"] for c in ("extender", "kube-scheduler")
+              for kind in ("livenessProbe", "readinessProbe")}
+    assert probes[("extender", "livenessProbe")] == {"path": "/healthz", "port": "metrics"}
+    assert probes[("extender", "readinessProbe")] == {"path": "/readyz", "port": "metrics"}
+    assert probes[("kube-scheduler", "livenessProbe")] == {"path": "/livez", "port": "metrics"}
+    healthz = args[args.index("--scheduler-healthz") + 1]
+    assert healthz == f"https://127.0.0.1:{probes[('kube-scheduler', 'readinessProbe')]['port']}/healthz"
+    assert float(args[args.index("--unhealthy-after") + 1]) <= 300
+
+
+@pytest.mark.parametrize(("path", "synced", "status"), [
+    pytest.param("/healthz", False, 200, id="alive-before-sync"),
+    pytest.param("/readyz", False, 503, id="not-ready-before-sync"),
+    pytest.param("/readyz", True, 200, id="ready-after-sync"),
+])
+async def test_probe_paths_answer_as_the_kubelet_needs(path: str, synced: bool, status: int) -> None:
     cache = Cache()
     cache.nodes_synced = cache.pods_synced = synced
     server = TestServer(make_app(cache), host="127.0.0.1")
     await server.start_server()
     try:
-        port = str(server.port)
-        here = [part.replace(listen, f"127.0.0.1:{port}").replace(listen.replace(":", "/"), f"127.0.0.1/{port}")
-                for part in command]  # an URL or bash's /dev/tcp/HOST/PORT
-        assert here != command, "the probe does not call the --listen address"
-        proc = await asyncio.create_subprocess_exec(*here, stdout=asyncio.subprocess.DEVNULL,
-                                                    stderr=asyncio.subprocess.DEVNULL)
-        assert await asyncio.wait_for(proc.wait(), 10) == exit_code
+        async with aiohttp.ClientSession() as session, session.get(server.make_url(path)) as resp:
+            assert resp.status == status
     finally:
         await server.close()
 
