@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from gpu_tailor.kube.freshness import Freshness
 from gpu_tailor.kube.watch import list_all, list_and_watch, watching
 from tests.conftest import FIXTURES, load_fixture, node_fixture
 from tests.kube.fakeapi import FakeApi
@@ -291,3 +292,25 @@ async def test_a_watch_refused_after_every_good_list_still_backs_off(monkeypatch
             with running(list_and_watch(pods, store.reset, store.event, backoff=0.5, max_backoff=30)):
                 await asyncio.wait_for(api.wait_requests(7), 10)
     assert bounds == [(0, 0.5), (0, 1.0), (0, 2.0)]
+
+
+async def test_failing_since_starts_at_the_first_failure_of_a_run_and_a_good_list_clears_it() -> None:
+    """What the extender's --unhealthy-after reads: since when every try has failed."""
+    store = Store()
+    seen: list[float | None] = []
+    async with FakeApi() as api:
+        fresh = Freshness(lambda: 5.0 * len(api.requests))  # the clock: 5 s per request made so far
+        api.add_list_error("pods", 503)
+        api.add_list_error("pods", 500)
+        api.add_list("pods", [pod_list("444")])
+
+        def reset(items: list[dict[str, Any]]) -> None:
+            seen.append(fresh.failing_since)  # as it stood when the list came through, before it is cleared
+            store.reset(items)
+
+        async with api.api_client() as http:
+            pods = client.CoreV1Api(http).list_pod_for_all_namespaces
+            with running(list_and_watch(pods, reset, store.event, freshness=fresh, backoff=0)):
+                await asyncio.wait_for(store.until("reset:0"), 10)
+    assert seen == [5.0]  # set by the first failure (the 503, request 1), kept through the 500
+    assert fresh.failing_since is None and fresh.failing_for() == 0.0
