@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     wh.add_argument("--certs-sync-interval", type=float, default=60.0, metavar="SECONDS",
                     help="how often the Secret and the caBundle are checked (with --certs-secret)")
     wh.add_argument("--config", metavar="FILE", help="YAML policy: declared offerings, scheduler name, defaults")
+    wh.add_argument("--watch-window", type=int, default=60, metavar="SECONDS",
+                    help="how long each watch asks the API server to keep it open; the view counts as stale (a "
+                         "warning on GPU pods, never unready) after twice this plus 15 s without news")
     _drain(wh)
     _cluster_source(wh)
 

@@ -13,7 +13,15 @@ from prometheus_client.core import GaugeMetricFamily
 
 WATCH_WINDOW = 60  # seconds the API server keeps one watch open before it ends it (timeoutSeconds)
 QUIET_GRACE = 15  # beyond the window: a stream silent this much longer is broken, and is dropped
-STALE_AFTER = 2 * (WATCH_WINDOW + QUIET_GRACE)  # not heard from for this long: not ready
+
+
+def stale_after(window: float = WATCH_WINDOW) -> float:
+    """Not heard from for this long, with watch windows of ``window`` seconds: stale. Two windows and their
+    grace: a window that ended normally is always followed by a new one that says so."""
+    return 2 * (window + QUIET_GRACE)
+
+
+STALE_AFTER = stale_after()  # not heard from for this long: not ready
 
 
 class Freshness:

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from gpu_tailor.certs.authority import Names
+from gpu_tailor.kube.freshness import stale_after
 from gpu_tailor.serving import CertReloader, serve_until_stopped, server_context, tls_context
 from gpu_tailor.webhook.config import ConfigError, load_policy
 from gpu_tailor.webhook.server import KeptCerts, cluster_file_ctx, make_app, watch_ctx
@@ -32,13 +33,15 @@ def kept_certs(args: argparse.Namespace) -> KeptCerts:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    view = ClusterView(load_policy(args.config))
+    if not 5 <= args.watch_window <= 3600:
+        raise ValueError("--watch-window: expected seconds between 5 and 3600")
+    view = ClusterView(load_policy(args.config), stale_after=stale_after(args.watch_window))
     app = make_app(view)
     kept = kept_certs(args) if args.certs_secret else None
     if args.cluster_file:
         app.cleanup_ctx.append(cluster_file_ctx(args.cluster_file))
     else:
-        app.cleanup_ctx.append(watch_ctx(args.kubeconfig, args.in_cluster, kept))
+        app.cleanup_ctx.append(watch_ctx(args.kubeconfig, args.in_cluster, kept, args.watch_window))
     if kept is not None:
         ctx, reloader = kept.ctx, None  # the keeper reloads it
     else:

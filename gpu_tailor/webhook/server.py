@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from gpu_tailor.certs.authority import Names
 from gpu_tailor.gpumodel.inventory import node_fields
-from gpu_tailor.kube.freshness import Freshness, Staleness
+from gpu_tailor.kube.freshness import WATCH_WINDOW, Freshness, Staleness
 from gpu_tailor.serving import CertReloader, add_probes
 from gpu_tailor.webhook.mutate import Decision, decide
 from gpu_tailor.webhook.state import ACTIVE_PODS, ClusterView
@@ -145,7 +145,7 @@ class KeptCerts:
     interval: float
 
 
-def watches(api: Any, view: ClusterView) -> list[Coroutine[Any, Any, None]]:
+def watches(api: Any, view: ClusterView, window: int = WATCH_WINDOW) -> list[Coroutine[Any, Any, None]]:
     """The view's two writers: nodes, and the pods that can hold GPUs (``state.ACTIVE_PODS``)."""
     from kubernetes_asyncio import client
 
@@ -157,12 +157,13 @@ def watches(api: Any, view: ClusterView) -> list[Coroutine[Any, Any, None]]:
     fresh_nodes = view.freshness["nodes"] = Freshness()
     fresh_pods = view.freshness["pods"] = Freshness()
     return [list_and_watch(core.list_node, view.reset_nodes, view.apply_node, project=node_fields,
-                           freshness=fresh_nodes),
+                           freshness=fresh_nodes, timeout_seconds=window),
             list_and_watch(pods, None, view.apply_pod, relist=view.relist_pods, project=slim_pod,
-                           freshness=fresh_pods)]
+                           freshness=fresh_pods, timeout_seconds=window)]
 
 
-def watch_ctx(kubeconfig: str | None, in_cluster: bool, kept: KeptCerts | None = None) -> Any:
+def watch_ctx(kubeconfig: str | None, in_cluster: bool, kept: KeptCerts | None = None,
+              window: int = WATCH_WINDOW) -> Any:
     """The API client's life: the node and pod watches, and with ``kept`` the certificate keeper, whose first
     sync completes before the server listens (startup runs before the site starts)."""
 
@@ -170,7 +171,7 @@ def watch_ctx(kubeconfig: str | None, in_cluster: bool, kept: KeptCerts | None =
         from gpu_tailor.kube.certkeeper import ApiCertStore, CertKeeper
         from gpu_tailor.kube.watch import watching
 
-        async with watching(kubeconfig, in_cluster, lambda api: watches(api, app[VIEW])) as api:
+        async with watching(kubeconfig, in_cluster, lambda api: watches(api, app[VIEW], window)) as api:
             if kept is None:
                 yield
                 return

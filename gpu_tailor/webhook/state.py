@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 
 
 class ClusterView:
-    def __init__(self, policy: AdmissionPolicy) -> None:
+    def __init__(self, policy: AdmissionPolicy, stale_after: float = STALE_AFTER) -> None:
         self.policy = policy
+        self.stale_after = stale_after  # seconds without news from the API server before the view is stale
         self.nodes: dict[str, NodeInventory] = {}
         self.used: dict[str, dict[str, int]] = {}  # node -> resource -> units held by bound pods
         self.held: dict[str, Held] = {}  # pod (uid, else namespace/name) -> what it holds where
@@ -65,7 +66,7 @@ class ClusterView:
         """The staleness once a watch has gone quiet for longer than the API server would keep it open, else
         None; logs the moment the view turns stale and the moment it is current again."""
         age = self.staleness()
-        stale = age > STALE_AFTER and self.ready
+        stale = age > self.stale_after and self.ready
         if stale != self._was_stale:
             self._was_stale = stale
             if stale:

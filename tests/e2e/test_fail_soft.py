@@ -1,12 +1,15 @@
-"""gpu-tailor fails soft on a real control plane (issue 31): the extender's metrics are scraped from the pod IP,
-and a leader whose extender loses the API server gives the Lease up, so the standby replica binds the pods.
+"""gpu-tailor fails soft on a real control plane (issue 31): the webhook keeps admitting when it loses the API
+server after its first sync; the extender's metrics are scraped from the pod IP; a leader whose extender loses the
+API server gives the Lease up, so the standby replica binds the pods.
 
-The webhook's side (a CPU-only pod created while the webhook is down, a GPU pod refused) is
+The webhook down altogether (a CPU-only pod created, a GPU pod refused) is
 ``test_restarts.test_webhook_down_refuses_gpu_asks_lets_cpu_pods_through_and_recovers``.
 """
 
 from __future__ import annotations
 
+import re
+import ssl
 import threading
 import time
 import urllib.error
@@ -33,14 +36,85 @@ PERIOD, THRESHOLD = 1.0, 3
 
 
 def status(url: str) -> int:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # a probe, as the kubelet's
     try:
-        with urllib.request.urlopen(url, timeout=3) as resp:
+        with urllib.request.urlopen(url, timeout=3, context=ctx) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         exc.close()  # an HTTPError is the response: its socket too
         return int(exc.code)
     except OSError:
         return 0  # refused, reset or timed out: a failed probe too
+
+
+def proxied_kubeconfig(cluster: Stack, service: Service, proxy: ApiProxy, name: str) -> Path:
+    """``service``'s kubeconfig, but for the API server behind ``proxy``."""
+    own = Path(service.argv[service.argv.index("--kubeconfig") + 1])
+    kubeconfig = yaml.safe_load(own.read_text())
+    kubeconfig["clusters"][0]["cluster"]["server"] = proxy.server
+    path = cluster.workdir / f"{name}.kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig))
+    path.chmod(0o600)
+    return path
+
+
+def new_proxy(cluster: Stack) -> ApiProxy:
+    admin = load_kubeconfig(cluster.cp.kubeconfig)
+    proxy = ApiProxy(admin.server, admin.ca_pem, cluster.cp.pki / "apiserver.crt", cluster.cp.pki / "apiserver.key")
+    proxy.start()
+    return proxy
+
+
+WINDOW = 10  # the webhook's --watch-window here: stale after 2 x (10 + 15) = 50 s without news (60: 150 s)
+
+
+def staleness(metrics_url: str) -> float:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # as Prometheus with insecure_skip_verify: no
+    with urllib.request.urlopen(metrics_url, timeout=3, context=ctx) as resp:  # client certificate either
+        text = resp.read().decode()
+    ages = re.findall(r'^gpu_tailor_webhook_watch_staleness_seconds\{resource="\w+"\} (\S+)$', text, re.M)
+    assert len(ages) == 2, text[-2000:]
+    return max(float(a) for a in ages)
+
+
+def test_the_webhook_keeps_admitting_after_it_loses_the_api_server(cluster: Stack, pods: Pods) -> None:
+    """After its first sync the webhook's API server goes away for longer than the freshness window: it stays
+    ready and answers; a CPU-only pod is routed to gpu-tailor-scheduler (so the webhook answered, it did not
+    fail open) and a GPU pod is rewritten, with a warning that says how old the webhook's view is."""
+    proxy = new_proxy(cluster)
+    proxy_up = True
+    argv = replace_flag(cluster.webhook.argv, "--kubeconfig",
+                        str(proxied_kubeconfig(cluster, cluster.webhook, proxy, "webhook-through-proxy")))
+    webhook = Service("gpu-tailor webhook (through apiproxy)", [*argv, "--watch-window", str(WINDOW)],
+                      cluster.workdir / "logs" / "webhook-proxied.log", cluster.webhook.ready_url)
+    metrics = cluster.webhook.ready_url.replace("/readyz", "/metrics")
+    cluster.webhook.kill()
+    try:
+        webhook.start()  # on the stack's port: the API server calls this one now
+        cluster.wait_admission_works()
+        proxy.stop()
+        proxy_up = False
+        wait_for(lambda: staleness(metrics) > 2 * (WINDOW + 15), 2 * (WINDOW + 15) + 60,
+                 "the webhook's view to go stale", interval=1, context=webhook.tail)
+        assert status(cluster.webhook.ready_url) == 200
+
+        ns = cluster.opted_in
+        cpu = pods.create(ns, gpu_pod(unique("stale-cpu"), {"cpu": "100m"}))
+        assert pods.get(cpu)["spec"]["schedulerName"] == "gpu-tailor-scheduler"  # answered, not failed open
+        assert not any("API server" in w for w in cluster.kube.warnings), cluster.kube.warnings
+        gpu = pods.create(ns, gpu_pod(unique("stale-gpu"), {"gpu-tailor.io/gpu-milli": "250"}))
+        warnings = list(cluster.kube.warnings)
+        stored = pods.get(gpu)
+        assert "gpu-tailor.io/gpu-milli" not in stored["spec"]["containers"][0]["resources"]["limits"]
+        assert any("has not heard from the API server for" in w for w in warnings), warnings
+        assert "no news from the API server" in webhook.tail(200)
+    finally:
+        webhook.kill()
+        if proxy_up:
+            proxy.stop()
+        cluster.webhook.start()
 
 
 def test_the_extenders_metrics_are_scraped_from_the_pod_ip_and_its_verbs_are_not_there(
@@ -95,16 +169,10 @@ def test_a_leader_whose_extender_loses_the_api_server_hands_the_lease_to_the_sta
     through a proxy, which is then shut. Its /healthz must fail within a minute; its kube-scheduler's liveness
     probe (the extender's /livez) then fails, the kubelet restarts it, and the standby takes the Lease and binds
     the pods that arrived meanwhile."""
-    admin = load_kubeconfig(cluster.cp.kubeconfig)
-    proxy = ApiProxy(admin.server, admin.ca_pem, cluster.cp.pki / "apiserver.crt", cluster.cp.pki / "apiserver.key")
-    proxy.start()
+    proxy = new_proxy(cluster)
     proxy_up = True
     sched_kc = Path(cluster.extender.argv[cluster.extender.argv.index("--kubeconfig") + 1])
-    kubeconfig = yaml.safe_load(sched_kc.read_text())
-    kubeconfig["clusters"][0]["cluster"]["server"] = proxy.server
-    proxied_kc = cluster.workdir / "leader-extender-through-proxy.kubeconfig"
-    proxied_kc.write_text(yaml.safe_dump(kubeconfig))
-    proxied_kc.chmod(0o600)
+    proxied_kc = proxied_kubeconfig(cluster, cluster.extender, proxy, "leader-extender-through-proxy")
 
     ext_port, probes_port, sched_port = free_port(), free_port(), free_port()
     probes = f"http://{POD_IP}:{probes_port}"
