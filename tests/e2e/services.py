@@ -13,6 +13,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,21 @@ from tests.e2e.kube import ApiError, Kube, Obj, api_path, wait_for
 
 GPU_TAILOR = [sys.executable, "-m", "gpu_tailor"]
 SCHEDULER_NAME = "gpu-tailor-scheduler"
+
+
+def probe(url: str, timeout: float = 3) -> int:
+    """What a kubelet's httpGet probe of ``url`` gets: the HTTP status (TLS not verified, as the kubelet does
+    not), 0 when nothing answers (refused, reset, timed out)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=ctx) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        exc.close()  # an HTTPError is the response: its socket too
+        return int(exc.code)
+    except OSError:
+        return 0
 
 
 class Service:
@@ -71,13 +87,7 @@ class Service:
         if self.proc is None or self.proc.poll() is not None:
             code = self.proc.returncode if self.proc else None
             raise AssertionError(f"{self.name} exited with code {code} before it was ready\n{self.tail()}")
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # a probe, as the kubelet's: no verification
-        try:
-            with urllib.request.urlopen(self.ready_url, timeout=2, context=ctx) as resp:
-                return bool(resp.status == 200)
-        except OSError:  # refused while starting, or 503 until synced (HTTPError is an OSError)
-            return False
+        return probe(self.ready_url, timeout=2) == 200  # refused while starting, or 503 until synced
 
     def ready(self) -> bool:
         """Running and answering its ready URL with 200."""

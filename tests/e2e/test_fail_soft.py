@@ -24,7 +24,7 @@ from tests.e2e.apiproxy import ApiProxy
 from tests.e2e.cluster import scheduler_config
 from tests.e2e.kube import load_kubeconfig, wait_for
 from tests.e2e.pods import Pods, gpu_pod, unique
-from tests.e2e.services import POD_IP, Service, Stack, extender_argv, replace_flag
+from tests.e2e.services import POD_IP, Service, Stack, extender_argv, probe, replace_flag
 
 pytestmark = pytest.mark.e2e
 
@@ -33,19 +33,6 @@ UNHEALTHY_AFTER = 30  # --unhealthy-after for the leader's extender
 # the kubelet's liveness probe of kube-scheduler, as manifests/scheduler has it but faster: every PERIOD s,
 # restarted after THRESHOLD failures in a row (the manifest: 10 s x 3)
 PERIOD, THRESHOLD = 1.0, 3
-
-
-def status(url: str) -> int:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # a probe, as the kubelet's
-    try:
-        with urllib.request.urlopen(url, timeout=3, context=ctx) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        exc.close()  # an HTTPError is the response: its socket too
-        return int(exc.code)
-    except OSError:
-        return 0  # refused, reset or timed out: a failed probe too
 
 
 def proxied_kubeconfig(cluster: Stack, service: Service, proxy: ApiProxy, name: str) -> Path:
@@ -98,7 +85,7 @@ def test_the_webhook_keeps_admitting_after_it_loses_the_api_server(cluster: Stac
         proxy_up = False
         wait_for(lambda: staleness(metrics) > 2 * (WINDOW + 15), 2 * (WINDOW + 15) + 60,
                  "the webhook's view to go stale", interval=1, context=webhook.tail)
-        assert status(cluster.webhook.ready_url) == 200
+        assert probe(cluster.webhook.ready_url) == 200
 
         ns = cluster.opted_in
         cpu = pods.create(ns, gpu_pod(unique("stale-cpu"), {"cpu": "100m"}))
@@ -128,7 +115,7 @@ def test_the_extenders_metrics_are_scraped_from_the_pod_ip_and_its_verbs_are_not
     assert 'gpu_tailor_extender_watch_staleness_seconds{resource="pods"}' in text
     assert cluster.extender_probes.startswith(f"http://{POD_IP}:")
     for path in ("/healthz", "/readyz", "/livez"):
-        assert status(f"{cluster.extender_probes}{path}") == 200, path
+        assert probe(f"{cluster.extender_probes}{path}") == 200, path
     request = urllib.request.Request(f"{cluster.extender_probes}/filter", data=b"{}", method="POST")
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=5)
@@ -156,7 +143,7 @@ class Kubelet:
     def _run(self) -> None:
         failures = 0
         while not self._stop.wait(PERIOD):
-            failures = 0 if status(self.url) == 200 else failures + 1
+            failures = 0 if probe(self.url) == 200 else failures + 1
             if failures >= THRESHOLD:
                 self.container.stop()
                 self.killed_at = time.monotonic()
@@ -205,7 +192,7 @@ def test_a_leader_whose_extender_loses_the_api_server_hands_the_lease_to_the_sta
         proxy_up = False
         created = [pods.create(cluster.opted_in, gpu_pod(unique(f"failover-{i}"), {"nvidia.com/gpu": "1"}, node=HGX))
                    for i in range(4)]
-        unhealthy = wait_for(lambda: time.monotonic() if status(f"{probes}/healthz") == 503 else 0.0, 90,
+        unhealthy = wait_for(lambda: time.monotonic() if probe(f"{probes}/healthz") == 503 else 0.0, 90,
                              "the leader's extender to answer /healthz 503", interval=0.5, context=context)
         assert unhealthy - cut <= 60, f"/healthz failed {unhealthy - cut:.0f}s after the API server was lost"
         killed = wait_for(lambda: kubelet.killed_at or 0.0, 60, "the kubelet to restart the leader's kube-scheduler",

@@ -5,27 +5,14 @@ does to one replica. Its readiness goes off first while it goes on answering, an
 from __future__ import annotations
 
 import signal
-import ssl
-import urllib.error
-import urllib.request
 
 import pytest
 
 from tests.e2e.kube import wait_for
 from tests.e2e.load import Creates
-from tests.e2e.services import Service, Stack
+from tests.e2e.services import Service, Stack, probe
 
 pytestmark = pytest.mark.e2e
-
-
-def readiness(url: str) -> int:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # a probe, as the kubelet's
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
 
 
 def test_sigterm_turns_readiness_off_keeps_answering_then_exits_cleanly(cluster: Stack) -> None:
@@ -39,7 +26,7 @@ def test_sigterm_turns_readiness_off_keeps_answering_then_exits_cleanly(cluster:
     with load.running():
         load.more(5, "before SIGTERM")
         webhook.send(signal.SIGTERM)
-        wait_for(lambda: readiness(webhook.ready_url) == 503, 5, "/readyz to answer 503 after SIGTERM")
+        wait_for(lambda: probe(webhook.ready_url) == 503, 5, "/readyz to answer 503 after SIGTERM")
         # not ready, yet still answering the API server during the drain
         load.more(3, "while the webhook drains")
         assert webhook.proc is not None
