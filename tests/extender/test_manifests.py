@@ -138,7 +138,11 @@ def test_every_probe_asks_the_extenders_metrics_listener() -> None:
               for kind in ("livenessProbe", "readinessProbe")}
     assert probes[("extender", "livenessProbe")] == {"path": "/healthz", "port": "metrics"}
     assert probes[("extender", "readinessProbe")] == {"path": "/readyz", "port": "metrics"}
-    assert probes[("kube-scheduler", "livenessProbe")] == {"path": "/livez", "port": "metrics"}
+    # a named port resolves only among the probed container's own ports: kube-scheduler names the number
+    assert probes[("kube-scheduler", "livenessProbe")] == {"path": "/livez", "port": port}
+    for (container, _), get in probes.items():
+        named = {p["name"] for p in containers[container].get("ports") or []}
+        assert isinstance(get["port"], int) or get["port"] in named, (container, get)
     healthz = args[args.index("--scheduler-healthz") + 1]
     assert healthz == f"https://127.0.0.1:{probes[('kube-scheduler', 'readinessProbe')]['port']}/healthz"
     assert float(args[args.index("--unhealthy-after") + 1]) <= 300
