@@ -140,7 +140,7 @@ def probes_only(port: int) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         sock = request.transport.get_extra_info("sockname") if request.transport is not None else None
-        if sock is not None and sock[1] == port and request.path not in PROBE_PATHS:
+        if (sock is None or sock[1] == port) and request.path not in PROBE_PATHS:  # unknown: closed, not open
             raise web.HTTPNotFound(text=f"only {', '.join(sorted(PROBE_PATHS))} are served on this port")
         return await handler(request)
 

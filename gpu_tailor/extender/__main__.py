@@ -48,8 +48,8 @@ async def serve(args: argparse.Namespace) -> None:
     if not 0 < args.unhealthy_after <= 3600:
         raise ValueError("--unhealthy-after: expected seconds between 1 and 3600")
     probes_port = split_listen(args.metrics_listen)[1] if args.metrics_listen else None
-    if probes_port is not None and probes_port == split_listen(args.listen)[1]:
-        raise ValueError("--metrics-listen needs a port of its own, not --listen's")
+    if probes_port is not None and probes_port in (0, split_listen(args.listen)[1]):
+        raise ValueError("--metrics-listen needs a port of its own, not 0 nor --listen's")
     app = make_app(cache, max_body=settings.maxBodyMiB * 2**20, unhealthy_after=args.unhealthy_after,
                    scheduler_healthz=args.scheduler_healthz, probes_port=probes_port)
     if not args.cluster_file:

@@ -20,6 +20,7 @@ import functools
 import gc
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Protocol
@@ -34,7 +35,7 @@ from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.records import PodProjector, PodRecord, pod_record
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.inventory import node_fields
-from gpu_tailor.kube.freshness import Staleness
+from gpu_tailor.kube.freshness import STALE_AFTER, Staleness
 from gpu_tailor.serving import add_probes, probes_only
 
 log = logging.getLogger(__name__)
@@ -275,11 +276,14 @@ UNHEALTHY_AFTER = 300.0  # seconds without the API server before /healthz gives 
 
 class StepDown:
     """``/healthz``'s verdict. The extender is alive until it has been cut off from the API server for longer
-    than ``after`` seconds: every list and watch of some kind failing for that long, or no first sync that
-    long after start. Then the kubelet restarts it, and ``/livez`` (what its kube-scheduler's liveness
-    probe asks) fails too, so that kube-scheduler restarts and its leader-election Lease goes to a replica
-    whose extender can reach the API server. A stuck extender must not keep the Lease: every pod the
-    profile schedules would wait."""
+    than ``after`` seconds: every list and watch of some kind failing for that long (refused, cut, timed out;
+    a page of a list answered clears it), no first sync that long after start, or -- an API server that
+    hangs rather than refuses -- no news at all for longer than both ``after`` and the freshness window.
+    Then the kubelet restarts it, and ``/livez`` (what its kube-scheduler's liveness probe asks) fails too,
+    so that kube-scheduler restarts and its leader-election Lease goes to a replica whose extender can reach
+    the API server. A stuck extender must not keep the Lease: every pod the profile schedules would wait.
+    In an outage of the whole control plane every replica restarts every ``after`` seconds or so (and the
+    kubelet's back-off grows): nothing could be bound then anyway."""
 
     def __init__(self, cache: Cache, after: float = UNHEALTHY_AFTER) -> None:
         self.cache, self.after = cache, after
@@ -294,6 +298,9 @@ class StepDown:
         for resource, fresh in sorted(cache.freshness.items()):
             if (failing := fresh.failing_for()) > self.after:
                 return f"every list and watch of {resource} has failed for {failing:.0f}s (--unhealthy-after " \
+                       f"{self.after:.0f})"
+            if (quiet := fresh.staleness()) > max(self.after, STALE_AFTER) and math.isfinite(quiet):
+                return f"no news from the API server about {resource} for {quiet:.0f}s (--unhealthy-after " \
                        f"{self.after:.0f})"
         return None
 

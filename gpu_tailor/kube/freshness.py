@@ -43,6 +43,10 @@ class Freshness:
         if self.failing_since is None:
             self.failing_since = self.clock()
 
+    def answered(self) -> None:
+        """The API server answered (a page of a list that is still going on): not failing, not yet current."""
+        self.failing_since = None
+
     def failing_for(self) -> float:
         """Seconds every try has failed for (0 while the last one worked)."""
         return 0.0 if self.failing_since is None else self.clock() - self.failing_since

@@ -123,10 +123,11 @@ async def _parse_page(body: bytes, project: Project | None) -> tuple[list[dict[s
 
 
 async def list_all(list_fn: ListFn, page: int = 500, relist: Relist | None = None, project: Project | None = None,
-                   timeout: aiohttp.ClientTimeout | None = None, freeze_gc: bool = False) -> tuple[
-                       list[dict[str, Any]], str]:
+                   timeout: aiohttp.ClientTimeout | None = None, freeze_gc: bool = False,
+                   answered: Callable[[], None] | None = None) -> tuple[list[dict[str, Any]], str]:
     """All items of a paginated list, and the list's resourceVersion. With ``relist`` each page goes
-    to it as it arrives (its work run between pages) and the returned list is empty."""
+    to it as it arrives (its work run between pages) and the returned list is empty; ``answered`` is
+    called for every page the API server answers with success."""
     items: list[dict[str, Any]] = []
     token: str | None = None
     rv = ""
@@ -145,6 +146,8 @@ async def list_all(list_fn: ListFn, page: int = 500, relist: Relist | None = Non
         # never be mistaken for an empty list: that would wipe the state.
         if not 200 <= resp.status <= 299:
             raise ApiException(status=resp.status, reason=body[:200].decode(errors="replace"))
+        if answered is not None:
+            answered()
         got, meta = await _parse_page(body, project)
         del body
         if relist is not None:
@@ -192,7 +195,7 @@ async def list_and_watch(
     while True:
         try:
             consumer = relist()
-            _, rv = await list_all(list_fn, page, consumer, project, list_timeout, freeze_gc)
+            _, rv = await list_all(list_fn, page, consumer, project, list_timeout, freeze_gc, fresh.answered)
             await _run(consumer.done(), freeze_gc)
             fresh.heard()
             delivered[0] = 0

@@ -3,8 +3,8 @@
 One definition for ``manifests/webhook/mutatingwebhookconfiguration.yaml`` (a test keeps the two
 identical) and for ``gpu-tailor certs``, which writes it with the caBundle filled in.
 
-Two entries, one ``/mutate``, split by what the pod asks for (CEL ``matchConditions``, evaluated by the
-API server; beta and on by default in Kubernetes 1.28, GA from 1.30), so that an outage of gpu-tailor
+Two entries, one ``/mutate``, told apart by what the pod asks for (a CEL ``matchConditions``, evaluated by
+the API server; beta and on by default in Kubernetes 1.28, GA from 1.30), so that an outage of gpu-tailor
 refuses only what it must:
 
 * ``pods.gpu-tailor.io``, ``failurePolicy: Fail``: a pod CREATE that may ask for a GPU -- any container or
@@ -13,9 +13,13 @@ refuses only what it must:
   annotation (which the webhook refuses: ``guard``). Let through unanswered, a portable ask would reach
   kube-scheduler as a resource no node has (Pending with a reason no user understands), a native ask
   would skip the limits == requests check, and a forged ``gpu-tailor.io/gpus`` would go unchecked;
-* ``cpu-pods.gpu-tailor.io``, ``failurePolicy: Ignore``: every other pod CREATE. The webhook only routes
-  these to gpu-tailor's scheduler (``cpuOnlyPods``); when it cannot answer they are created as they are
-  and the default scheduler places them. Updates that leave the annotations alone never reach it, so
+* ``cpu-pods.gpu-tailor.io``, ``failurePolicy: Ignore``: every pod CREATE, with no condition. For a pod
+  without a GPU ask the webhook only routes it to gpu-tailor's scheduler (``cpuOnlyPods``); when it cannot
+  answer, the pod is created as it is and the default scheduler places it. A GPU pod reaches it after the
+  first entry has rewritten it, and ``decide`` sees a reinvocation: nothing to do (one more call per GPU
+  pod). It has no condition on purpose: the API server reinvokes (``reinvocationPolicy: IfNeeded``) only
+  webhooks it has called once, so a GPU ask that a later webhook adds to a CPU-only pod is handled only
+  because this entry was called. Updates that leave the annotations alone never reach it, so
   labels and finalizers keep working while it is down. The extender's GPUs arrive through
   ``pods/binding``, which no rule here matches.
 
@@ -46,7 +50,9 @@ _CONTAINER_ASKS = " ".join([
 ])
 # A CREATE that may ask for a GPU: a GPU resource in any container, or any of our annotations.
 MAY_ASK_FOR_GPU = " ".join([
-    f"object.spec.containers.exists(c, {_CONTAINER_ASKS}) ||",
+    # (a pod with no containers comes as null, which has() does not rule out; the API server refuses it after)
+    "(has(object.spec.containers) && type(object.spec.containers) == list &&",
+    f"object.spec.containers.exists(c, {_CONTAINER_ASKS})) ||",
     f"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, {_CONTAINER_ASKS})) ||",
     f"(has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith({_OURS})))",
 ])
@@ -61,7 +67,6 @@ _ANNOTATIONS_CHANGED = " ".join([
 ])
 GPU_PODS = (f"(request.operation == 'CREATE' && ({MAY_ASK_FOR_GPU})) ||"
             f" (request.operation == 'UPDATE' && ({_ANNOTATIONS_CHANGED}))")
-CPU_PODS = f"!({MAY_ASK_FOR_GPU})"
 GPU_HOOK, CPU_HOOK = "pods.gpu-tailor.io", "cpu-pods.gpu-tailor.io"
 
 
@@ -72,8 +77,8 @@ def exempt_namespaces(namespace: str) -> list[str]:
 
 def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
     def hook(name: str, failure: str, timeout: int, operations: list[str],
-             condition: tuple[str, str]) -> dict[str, Any]:
-        return {
+             condition: tuple[str, str] | None) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "name": name,
             "admissionReviewVersions": ["v1"],
             "sideEffects": "None",
@@ -84,7 +89,6 @@ def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
             "clientConfig": {"service": {"name": service, "namespace": namespace, "path": "/mutate", "port": 443}},
             "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": operations,
                        "resources": ["pods"], "scope": "Namespaced"}],
-            "matchConditions": [{"name": condition[0], "expression": condition[1]}],
             "namespaceSelector": {"matchExpressions": [
                 {"key": labels.NAMESPACE_OPT_IN_LABEL, "operator": "In", "values": ["true"]},
                 {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": exempt_namespaces(namespace)},
@@ -93,6 +97,9 @@ def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
                 {"key": labels.POD_OPT_OUT_LABEL, "operator": "NotIn", "values": ["true"]},
             ]},
         }
+        if condition is not None:
+            out["matchConditions"] = [{"name": condition[0], "expression": condition[1]}]
+        return out
 
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -100,7 +107,9 @@ def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
         "metadata": {"name": WEBHOOK_CONFIG_NAME},
         "webhooks": [
             hook(GPU_HOOK, "Fail", 5, ["CREATE", "UPDATE"], ("gpu-ask-or-gpu-tailor-annotations-changed", GPU_PODS)),
-            # a CPU-only pod waits at most this long for an answer, then is created as it is
-            hook(CPU_HOOK, "Ignore", 3, ["CREATE"], ("no-gpu-ask", CPU_PODS)),
+            # every CREATE, with no condition: a pod that another webhook gives a GPU ask later is handled when
+            # this entry is called again (the API server reinvokes only webhooks it has called once); a CPU-only
+            # pod waits at most 3 s for an answer, then is created as it is
+            hook(CPU_HOOK, "Ignore", 3, ["CREATE"], None),
         ],
     }

@@ -77,7 +77,7 @@ def answer(body: bytes, view: ClusterView) -> Answer:
         where = ".".join(str(p) for p in first["loc"]) or "body"
         return _bad_request(f"{where}: {first['msg']}")
     decision = decide(raw["request"], view.candidates(), view.policy)
-    if decision.allowed and decision.backing != "none" and (age := view.stale()) is not None:
+    if decision.allowed and decision.backing not in ("none", "reinvocation") and (age := view.stale()) is not None:
         decision = replace(decision, warnings=(*decision.warnings, stale_warning(age)))
     return Answer(200, orjson.dumps(response(review.request.uid, decision)), decision)
 

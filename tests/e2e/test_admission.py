@@ -7,11 +7,19 @@ with gpu-tailor's own code.
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
+import http.server
+import json
+import ssl
+import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpu_tailor.certs.authority import Names, make_ca, make_serving
 from tests.e2e.kube import ApiError, api_path, wait_for
 from tests.e2e.pods import Pods, gpu_pod, limits_of, pod_from_review, requests_of, unique
 from tests.e2e.services import SCHEDULER_NAME, Stack, event_sources, pod_events
@@ -131,3 +139,92 @@ def test_namespace_without_the_label_is_left_alone(cluster: Stack, pods: Pods) -
 
 def test_skip_label_opts_a_pod_out_in_an_opted_in_namespace(cluster: Stack, pods: Pods) -> None:
     assert_untouched_and_pending(cluster, pods, cluster.opted_in, {"gpu-tailor.io/skip": "true"})
+
+
+def test_a_pod_without_containers_gets_the_api_servers_own_reason(cluster: Stack) -> None:
+    """The match condition never errs on a pod the API server will refuse anyway: the user reads what is wrong
+    with the pod, not a CEL error about a null list."""
+    with pytest.raises(ApiError) as refused:
+        cluster.kube.create(api_path("pods", cluster.opted_in), {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": unique("no-containers")}, "spec": {}})
+    assert refused.value.status == 422, refused.value.message
+    assert "spec.containers: Required value" in refused.value.message
+    assert "expression" not in refused.value.message
+
+
+
+class Injector:
+    """Another team's mutating webhook, run here over TLS on loopback: it gives every pod labelled
+    ``inject-gpu=true`` a GPU limit, after gpu-tailor's entries ran (its configuration sorts after theirs)."""
+
+    def __init__(self, workdir: Path) -> None:
+        now = dt.datetime.now(dt.UTC)
+        ca_cert, ca_key = make_ca(now, "injector-ca")
+        cert, key = make_serving(ca_cert, ca_key, Names("injector", "default", ips=("127.0.0.1",)), 1, now)
+        (workdir / "injector.crt").write_bytes(cert)
+        (workdir / "injector.key").write_bytes(key)
+        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ctx.load_cert_chain(str(workdir / "injector.crt"), str(workdir / "injector.key"))
+        self.ca = base64.b64encode(ca_cert).decode()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.socket = self.ctx.wrap_socket(self.server.socket, server_side=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                patch = [{"op": "add", "path": "/spec/containers/0/resources",
+                          "value": {"limits": {"nvidia.com/gpu": "1"}}}]
+                body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
+                    "uid": review["request"]["uid"], "allowed": True, "patchType": "JSONPatch",
+                    "patch": base64.b64encode(json.dumps(patch).encode()).decode()}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        return Handler
+
+    def configuration(self) -> dict[str, Any]:
+        return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": "z-gpu-injector"},
+                "webhooks": [{"name": "inject.example.com", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+                              "failurePolicy": "Fail", "reinvocationPolicy": "Never",
+                              "clientConfig": {"url": f"https://127.0.0.1:{self.server.server_address[1]}/inject",
+                                               "caBundle": self.ca},
+                              "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                         "resources": ["pods"], "scope": "Namespaced"}],
+                              "objectSelector": {"matchLabels": {"inject-gpu": "true"}}}]}
+
+
+def test_a_gpu_ask_added_by_a_later_webhook_is_handled_too(cluster: Stack, pods: Pods) -> None:
+    """A CPU-only pod that another webhook gives a GPU ask after gpu-tailor's entries ran: the API server reinvokes
+    only webhooks it has called once, and cpu-pods.gpu-tailor.io (every CREATE) was called, so the native ask is
+    checked and given what gpu-tailor gives one (the GPU toleration), not stored unseen."""
+    injector = Injector(cluster.workdir)
+    injector.thread.start()
+    path = api_path("mutatingwebhookconfigurations", name="z-gpu-injector", group="admissionregistration.k8s.io/v1")
+    try:
+        cluster.kube.create(api_path("mutatingwebhookconfigurations", group="admissionregistration.k8s.io/v1"),
+                            injector.configuration())
+        pod = gpu_pod(unique("injected"), {"cpu": "100m"}, labels={"inject-gpu": "true"})
+        pod["spec"]["containers"][0]["resources"] = {}
+
+        def injected() -> bool:  # until the API server's view of webhook configurations has the injector
+            answer = cluster.kube.create(api_path("pods", cluster.opted_in), pod, dry_run=True)
+            return bool(limits_of(answer, "main"))
+
+        wait_for(injected, 30, "the API server to call the injector", interval=0.2, context=cluster.context)
+        stored = pods.get(pods.create(cluster.opted_in, pod))
+        assert limits_of(stored, "main") == requests_of(stored, "main") == {"nvidia.com/gpu": "1"}
+        assert GPU_TOLERATION in stored["spec"].get("tolerations", []), stored["spec"].get("tolerations")
+    finally:
+        if cluster.kube.exists(path):
+            cluster.kube.delete(path)
+        injector.server.shutdown()
+        injector.server.server_close()

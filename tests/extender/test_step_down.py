@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.server import make_app
-from gpu_tailor.kube.freshness import Freshness
+from gpu_tailor.kube.freshness import STALE_AFTER, Freshness
 from gpu_tailor.serving import serve_until_stopped
 from tests.conftest import free_port
 from tests.extender.builders import cluster
@@ -123,3 +123,21 @@ async def test_the_metrics_listener_serves_the_probes_and_metrics_and_nothing_el
     finally:
         stop.set()
         await server
+
+
+async def test_an_api_server_that_hangs_is_caught_by_no_news_and_an_idle_one_is_not() -> None:
+    """A hung API server never refuses, so nothing fails for a while: no news at all for longer than both
+    --unhealthy-after and the freshness window steps down too; a quiet minute of a healthy idle cluster does not."""
+    clock = Clock()
+    cache = cluster(clock=clock)
+    nodes, pods = cache.freshness["nodes"], cache.freshness["pods"] = Freshness(clock), Freshness(clock)
+    nodes.heard()
+    pods.heard()
+    async with client(cache, unhealthy_after=30) as c:
+        clock.now += 60  # an idle watch window: news comes at its end
+        assert (await c.get("/healthz")).status == 200
+        nodes.heard()
+        clock.now += STALE_AFTER - 59
+        resp = await c.get("/healthz")
+        assert resp.status == 503 and f"no news from the API server about pods for {STALE_AFTER + 1:.0f}s" in \
+            await resp.text()

@@ -294,23 +294,29 @@ async def test_a_watch_refused_after_every_good_list_still_backs_off(monkeypatch
     assert bounds == [(0, 0.5), (0, 1.0), (0, 2.0)]
 
 
-async def test_failing_since_starts_at_the_first_failure_of_a_run_and_a_good_list_clears_it() -> None:
-    """What the extender's --unhealthy-after reads: since when every try has failed."""
+async def test_a_list_answered_after_a_run_of_failures_clears_failing_since() -> None:
+    """What the extender's --unhealthy-after reads: since when every try has failed; a page answered ends it."""
     store = Store()
-    seen: list[float | None] = []
     async with FakeApi() as api:
         fresh = Freshness(lambda: 5.0 * len(api.requests))  # the clock: 5 s per request made so far
-        api.add_list_error("pods", 503)
-        api.add_list_error("pods", 500)
+        for status in (503, 500, 500):
+            api.add_list_error("pods", status)
         api.add_list("pods", [pod_list("444")])
-
-        def reset(items: list[dict[str, Any]]) -> None:
-            seen.append(fresh.failing_since)  # as it stood when the list came through, before it is cleared
-            store.reset(items)
-
         async with api.api_client() as http:
             pods = client.CoreV1Api(http).list_pod_for_all_namespaces
-            with running(list_and_watch(pods, reset, store.event, freshness=fresh, backoff=0)):
+            with running(list_and_watch(pods, store.reset, store.event, freshness=fresh, backoff=0)):
                 await asyncio.wait_for(store.until("reset:0"), 10)
-    assert seen == [5.0]  # set by the first failure (the 503, request 1), kept through the 500
     assert fresh.failing_since is None and fresh.failing_for() == 0.0
+
+
+async def test_failing_since_is_kept_through_a_run_of_failures() -> None:
+    async with FakeApi() as api:
+        fresh = Freshness(lambda: 5.0 * len(api.requests))
+        for status in (503, 500, 500, 500):
+            api.add_list_error("pods", status)
+        async with api.api_client() as http:
+            pods = client.CoreV1Api(http).list_pod_for_all_namespaces
+            with running(list_and_watch(pods, Store().reset, Store().event, freshness=fresh, backoff=0)):
+                await asyncio.wait_for(api.wait_requests(3), 10)
+                assert fresh.failing_since == 5.0  # set by the first failure (request 1), kept since
+                assert fresh.failing_for() >= 10.0
