@@ -1,0 +1,196 @@
+"""GPUs published through Dynamic Resource Allocation by NVIDIA's DRA driver (``gpu.nvidia.com``): the devices
+of each node's pools, read from ResourceSlices (``resource.k8s.io/v1``), and which of them allocated
+ResourceClaims hold. The first layer of issue 27; nothing routes asks here yet.
+
+What the driver publishes (kubernetes-sigs/dra-driver-nvidia-gpu, ``cmd/gpu-kubelet-plugin/deviceinfo.go`` and
+``mig.go``; ``../shared/docs/dra-facts.md`` in this project's workspace has the details and sources):
+
+- a whole GPU: device ``gpu-<minor>``, attributes ``type`` = "gpu", ``uuid``, ``productName``, ``brand``,
+  ``architecture``, versions; capacity ``memory`` in bytes;
+- a MIG device: ``gpu-<parentMinor>-mig-<profile>-<giProfileID>-<placementStart>``, attributes ``type`` = "mig",
+  ``parentUUID``, ``profile`` (such as "1g.12gb"), ``uuid`` where it is created already; capacities ``memory``,
+  ``multiprocessors`` and engine counts. With static MIG (the default) a GPU in MIG mode is not published whole.
+
+A pool is the driver's name for the devices of one node here, and may span several slices: only the slices of
+its highest ``generation`` count, and until ``resourceSliceCount`` of them are seen the pool is incomplete (the
+scheduler then allocates from it anyway, but may miss devices). Attribute names may be written bare or
+qualified with the driver's domain (``gpu.nvidia.com/type``); both mean the same.
+
+Nothing here raises on odd input: what cannot be read is reported in ``problems`` and left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from gpu_tailor.gpumodel.quantity import QuantityError, parse_bytes
+
+DRIVER = "gpu.nvidia.com"
+API_GROUP = "resource.k8s.io"
+
+
+class DeviceType(StrEnum):
+    GPU = "gpu"
+    MIG = "mig"
+
+
+@dataclass(frozen=True, slots=True)
+class DraDevice:
+    """One device of a pool, as a claim would be allocated it: ``(driver, pool, name)`` names it."""
+
+    pool: str
+    name: str
+    type: DeviceType
+    memory_bytes: int
+    product: str = ""
+    profile: str = ""  # MIG devices: "1g.12gb"
+    uuid: str = ""
+    parent_uuid: str = ""  # MIG devices: the GPU they are cut from
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (DRIVER, self.pool, self.name)
+
+
+@dataclass
+class DraPool:
+    node: str
+    name: str
+    generation: int
+    slice_count: int
+    devices: dict[str, DraDevice] = field(default_factory=dict)
+    slices_seen: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.slices_seen >= self.slice_count
+
+
+@dataclass
+class DraInventory:
+    """Every pool of the driver, by node, and what could not be read."""
+
+    pools: dict[str, DraPool] = field(default_factory=dict)  # by pool name
+    problems: list[str] = field(default_factory=list)
+
+    def on_node(self, node: str) -> list[DraPool]:
+        return [p for p in self.pools.values() if p.node == node]
+
+    def nodes(self) -> set[str]:
+        return {p.node for p in self.pools.values()}
+
+
+def _attribute(attributes: dict[str, Any], name: str) -> Any:
+    """A device attribute's value, its name bare or qualified with the driver's domain; None when absent."""
+    raw = attributes.get(name, attributes.get(f"{DRIVER}/{name}"))
+    if not isinstance(raw, dict) or len(raw) != 1:
+        return None
+    return next(iter(raw.values()))
+
+
+def _capacity(capacity: dict[str, Any], name: str) -> int | None:
+    raw = capacity.get(name, capacity.get(f"{DRIVER}/{name}"))
+    value = raw.get("value") if isinstance(raw, dict) else None
+    return parse_bytes(value) if value is not None else None
+
+
+def read_device(pool: str, raw: Any) -> DraDevice | str:
+    """One published device, or why it cannot be read."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        return f"pool {pool}: a device without a name"
+    name = raw["name"]
+    attributes = raw.get("attributes") or {}
+    capacity = raw.get("capacity") or {}
+    if not isinstance(attributes, dict) or not isinstance(capacity, dict):
+        return f"pool {pool}, device {name}: attributes and capacity must be objects"
+    kind = _attribute(attributes, "type")
+    if kind not in (DeviceType.GPU, DeviceType.MIG):
+        return f"pool {pool}, device {name}: type {kind!r} is neither 'gpu' nor 'mig'"
+    try:
+        memory = _capacity(capacity, "memory")
+    except QuantityError as exc:
+        return f"pool {pool}, device {name}: memory: {exc}"
+    if memory is None or memory <= 0:
+        return f"pool {pool}, device {name}: no memory capacity"
+
+    def text(attr: str) -> str:
+        value = _attribute(attributes, attr)
+        return value if isinstance(value, str) else ""
+
+    return DraDevice(pool, name, DeviceType(kind), memory, text("productName"), text("profile"), text("uuid"),
+                     text("parentUUID"))
+
+
+def read_slices(slices: Iterable[dict[str, Any]]) -> DraInventory:
+    """The driver's pools from ResourceSlices (any order, other drivers' slices ignored): per pool only the
+    slices of its highest generation; node-local pools only (a slice without ``nodeName`` is reported)."""
+    inv = DraInventory()
+    mine = []
+    for s in slices:
+        spec = s.get("spec") if isinstance(s, dict) else None
+        if isinstance(spec, dict) and spec.get("driver") == DRIVER:
+            mine.append((str((s.get("metadata") or {}).get("name", "")), spec))
+    newest: dict[str, int] = {}
+    for _, spec in mine:
+        pool = spec.get("pool") or {}
+        if isinstance(pool, dict) and isinstance(pool.get("name"), str) and isinstance(pool.get("generation"), int):
+            newest[pool["name"]] = max(newest.get(pool["name"], pool["generation"]), pool["generation"])
+    for slice_name, spec in mine:
+        pool_spec = spec.get("pool") or {}
+        name = pool_spec.get("name") if isinstance(pool_spec, dict) else None
+        if not isinstance(name, str) or name not in newest:
+            inv.problems.append(f"slice {slice_name}: no pool name and generation")
+            continue
+        if pool_spec["generation"] != newest[name]:
+            continue  # superseded: the driver is replacing this pool's slices
+        node = spec.get("nodeName")
+        if not isinstance(node, str) or not node:
+            inv.problems.append(f"slice {slice_name}: not local to one node (no nodeName); left out")
+            continue
+        count = pool_spec.get("resourceSliceCount")
+        pool = inv.pools.setdefault(name, DraPool(node, name, newest[name], count if isinstance(count, int) else 1))
+        if pool.node != node:
+            inv.problems.append(f"slice {slice_name}: pool {name} is on node {pool.node}, this slice says {node}")
+            continue
+        pool.slices_seen += 1
+        for raw in spec.get("devices") or []:
+            device = read_device(name, raw)
+            if isinstance(device, str):
+                inv.problems.append(f"slice {slice_name}: {device}")
+            elif device.name in pool.devices:
+                inv.problems.append(f"slice {slice_name}: device {device.name} published twice in pool {name}")
+            else:
+                pool.devices[device.name] = device
+    for pool in inv.pools.values():
+        if not pool.complete:
+            inv.problems.append(f"pool {pool.name} on {pool.node}: {pool.slices_seen} of {pool.slice_count} slices "
+                                "seen (the driver is still publishing it)")
+    return inv
+
+
+def allocated(claims: Iterable[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """The ``(driver, pool, device)`` that allocated ResourceClaims hold (``status.allocation.devices.results``)."""
+    held: set[tuple[str, str, str]] = set()
+    for claim in claims:
+        status = claim.get("status") if isinstance(claim, dict) else None
+        allocation = status.get("allocation") if isinstance(status, dict) else None
+        devices = allocation.get("devices") if isinstance(allocation, dict) else None
+        for result in (devices.get("results") if isinstance(devices, dict) else None) or []:
+            if isinstance(result, dict) and all(isinstance(result.get(k), str) for k in ("driver", "pool", "device")):
+                held.add((result["driver"], result["pool"], result["device"]))
+    return held
+
+
+def smallest_holding(pools: Iterable[DraPool], memory_bytes: int,
+                     held: AbstractSet[tuple[str, str, str]] = frozenset()) -> DraDevice | None:
+    """The free device with the least memory that still holds ``memory_bytes``: a MIG device before a whole GPU
+    of the same memory (the slice leaves the rest of its GPU to others), ties by pool and name as the
+    allocator searches."""
+    fits = [d for p in pools for d in p.devices.values() if d.memory_bytes >= memory_bytes and d.key not in held]
+    if not fits:
+        return None
+    return min(fits, key=lambda d: (d.memory_bytes, d.type != DeviceType.MIG, d.pool, d.name))

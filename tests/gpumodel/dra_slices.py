@@ -1,0 +1,53 @@
+"""ResourceSlices in the shape NVIDIA's DRA driver (gpu.nvidia.com) publishes them (``gpumodel/dra.py`` cites the
+sources), written by hand for three nodes: an 8xH100 HGX node, an A100 40GB node in static MIG mode, and a node
+of four T4s (whose sharing, on DRA, is the claim's config). Also used by tests/e2e to publish them for real."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GIB = 2**30
+H100, A100, T4 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", "Tesla T4"
+
+
+def gpu(minor: int, product: str, memory_gib: int, uuid: str) -> dict[str, Any]:
+    return {"name": f"gpu-{minor}",
+            "attributes": {"type": {"string": "gpu"}, "uuid": {"string": uuid}, "productName": {"string": product},
+                           "brand": {"string": "Nvidia"}, "architecture": {"string": "Hopper"},
+                           "driverVersion": {"version": "570.124.6"}, "cudaComputeCapability": {"version": "9.0.0"}},
+            "capacity": {"memory": {"value": f"{memory_gib}Gi"}}}
+
+
+def mig(parent: int, profile: str, gi: int, start: int, memory_gib: int, parent_uuid: str) -> dict[str, Any]:
+    slices = int(profile.split("g.")[0])
+    return {"name": f"gpu-{parent}-mig-{profile.replace('.', '')}-{gi}-{start}",
+            "attributes": {"type": {"string": "mig"}, "parentUUID": {"string": parent_uuid},
+                           "profile": {"string": profile}, "productName": {"string": A100},
+                           "architecture": {"string": "Ampere"}},
+            "capacity": {"memory": {"value": f"{memory_gib}Gi"}, "multiprocessors": {"value": str(14 * slices)},
+                         **{f"memorySlice{start + i}": {"value": "1"} for i in range(slices)}}}
+
+
+def resource_slice(node: str, devices: list[dict[str, Any]], generation: int = 1, count: int = 1,
+                   part: int = 0) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-gpu.nvidia.com-{part}"},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                     "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+                     "devices": devices}}
+
+
+def hgx(node: str = "dra-h100-hgx-0") -> dict[str, Any]:
+    return resource_slice(node, [gpu(i, H100, 80, f"GPU-h100-{i}") for i in range(8)])
+
+
+def a100_mig(node: str = "dra-a100-mig-0") -> dict[str, Any]:
+    """Two A100 40GB GPUs, cut differently: GPU 0 into 1g.5gb x 7, GPU 1 into 3g.20gb + 2g.10gb + 1g.5gb x 2."""
+    zero = [mig(0, "1g.5gb", 19, i, 5, "GPU-a100-0") for i in range(7)]
+    one = [mig(1, "3g.20gb", 9, 4, 20, "GPU-a100-1"), mig(1, "2g.10gb", 14, 0, 10, "GPU-a100-1"),
+           mig(1, "1g.5gb", 19, 2, 5, "GPU-a100-1"), mig(1, "1g.5gb", 19, 3, 5, "GPU-a100-1")]
+    return resource_slice(node, zero + one)
+
+
+def t4(node: str = "dra-t4-0") -> dict[str, Any]:
+    return resource_slice(node, [gpu(i, T4, 15, f"GPU-t4-{i}") for i in range(4)])
