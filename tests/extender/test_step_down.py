@@ -41,12 +41,18 @@ async def client(cache: Cache, **kwargs: Any) -> AsyncIterator[TestClient[web.Re
         await c.close()
 
 
-async def test_healthz_fails_once_the_api_server_has_been_unreachable_for_unhealthy_after() -> None:
+def synced() -> tuple[Clock, Cache, Freshness, Freshness]:
+    """A cache listed once, whose node and pod watches have just heard from the API server, on a test clock."""
     clock = Clock()
     cache = cluster(clock=clock)
     nodes, pods = cache.freshness["nodes"], cache.freshness["pods"] = Freshness(clock), Freshness(clock)
     nodes.heard()
     pods.heard()
+    return clock, cache, nodes, pods
+
+
+async def test_healthz_fails_once_the_api_server_has_been_unreachable_for_unhealthy_after() -> None:
+    clock, cache, _nodes, pods = synced()
     async with client(cache, unhealthy_after=30) as c:
         assert (await c.get("/healthz")).status == 200
         pods.failed()  # the stream broke; the retries keep failing
@@ -128,11 +134,7 @@ async def test_the_metrics_listener_serves_the_probes_and_metrics_and_nothing_el
 async def test_an_api_server_that_hangs_is_caught_by_no_news_and_an_idle_one_is_not() -> None:
     """A hung API server never refuses, so nothing fails for a while: no news at all for longer than both
     --unhealthy-after and the freshness window steps down too; a quiet minute of a healthy idle cluster does not."""
-    clock = Clock()
-    cache = cluster(clock=clock)
-    nodes, pods = cache.freshness["nodes"], cache.freshness["pods"] = Freshness(clock), Freshness(clock)
-    nodes.heard()
-    pods.heard()
+    clock, cache, nodes, _pods = synced()
     async with client(cache, unhealthy_after=30) as c:
         clock.now += 60  # an idle watch window: news comes at its end
         assert (await c.get("/healthz")).status == 200
