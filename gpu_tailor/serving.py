@@ -16,9 +16,9 @@ import os
 import signal
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -133,7 +133,7 @@ def add_probes(app: web.Application, ready: Callable[[web.Application], bool], n
     app.router.add_get("/metrics", metrics)
 
 
-def probes_only(port: int) -> Any:
+def probes_only(port: int) -> Middleware:
     """Middleware: on the listener at ``port`` only the probes and ``/metrics`` are served (404 for the rest),
     so that a port opened to the pod network for Prometheus and the kubelet exposes nothing else."""
 

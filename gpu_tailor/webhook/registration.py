@@ -19,9 +19,11 @@ refuses only what it must:
   first entry has rewritten it, and ``decide`` sees a reinvocation: nothing to do (one more call per GPU
   pod). It has no condition on purpose: the API server reinvokes (``reinvocationPolicy: IfNeeded``) only
   webhooks it has called once, so a GPU ask that a later webhook adds to a CPU-only pod is handled only
-  because this entry was called. Updates that leave the annotations alone never reach it, so
-  labels and finalizers keep working while it is down. The extender's GPUs arrive through
-  ``pods/binding``, which no rule here matches.
+  because this entry was called.
+
+No pod UPDATE reaches the webhook unless it touches a ``gpu-tailor.io/*`` annotation, so labels and
+finalizers keep working while it is down; the extender's GPUs arrive through ``pods/binding``, which no
+rule here matches.
 
 Both select namespaces labelled ``gpu-tailor.io/enabled=true``, but never the webhook's own namespace or
 kube-system, whatever their labels: a webhook that is down would otherwise block the pods that bring it

@@ -19,6 +19,7 @@ and pods are deleted with grace 0 (nothing would ever confirm a graceful deletio
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import re
@@ -74,8 +75,10 @@ def _version_key(release: Release) -> tuple[int, ...]:
     return tuple(int(x) for x in release.version.lstrip("v").split("."))
 
 
+@functools.cache
 def find_releases() -> tuple[list[Release], str]:
-    """The releases to run the e2e suite on, oldest first, and why there are none where that is so."""
+    """The releases to run the e2e suite on, oldest first, and why there are none where that is so (looked up
+    once per test session: each folder's kube-apiserver is run for its version)."""
     explicit = os.environ.get("GPU_TAILOR_K8S_BIN")
     if explicit:
         folders = [Path(f).expanduser() for f in explicit.split(os.pathsep) if f]
@@ -101,6 +104,13 @@ def find_releases() -> tuple[list[Release], str]:
     if found and not script.is_file():
         return [], f"{script} is absent (set GPU_TAILOR_CONTROL_PLANE to control-plane.sh)"
     return sorted(found, key=_version_key), "; ".join(why)
+
+
+def release_params() -> tuple[list[Release | None], list[str]]:
+    """``params`` and ``ids`` for a fixture that takes each release found in turn (``request.param``), or None
+    once where there is none (the fixture then skips, saying ``find_releases``' reason)."""
+    found, _ = find_releases()
+    return [*found] or [None], [r.version for r in found] or ["no-k8s"]
 
 
 def first_release() -> Release:

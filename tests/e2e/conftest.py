@@ -11,20 +11,19 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from tests.e2e.cluster import ControlPlane, Release, find_releases
+from tests.e2e.cluster import ControlPlane, Release, find_releases, release_params
 from tests.e2e.kube import Kube, load_kubeconfig
 from tests.e2e.pods import Pods
 from tests.e2e.services import Stack, start_stack
 
-RELEASES, NO_RELEASE = find_releases()
-RELEASE_PARAMS: list[Release | None] = [*RELEASES] or [None]
+PARAMS, IDS = release_params()
 
 
-@pytest.fixture(scope="session", params=RELEASE_PARAMS, ids=[r.version for r in RELEASES] or ["no-k8s"])
+@pytest.fixture(scope="session", params=PARAMS, ids=IDS)
 def release(request: pytest.FixtureRequest) -> Release:
     """One Kubernetes release; pytest runs every test that needs it for each release, one release at a time."""
     if request.param is None:
-        pytest.skip(f"no Kubernetes control plane to test against: {NO_RELEASE}")
+        pytest.skip(f"no Kubernetes control plane to test against: {find_releases()[1]}")
     found: Release = request.param
     return found
 

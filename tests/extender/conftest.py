@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.server import make_app
-from tests.e2e.cluster import Release, find_releases
+from tests.e2e.cluster import Release, find_releases, release_params
 
 
 @pytest.fixture
@@ -31,14 +31,13 @@ async def client_for() -> AsyncIterator[Any]:
         await c.close()
 
 
-RELEASES, NO_RELEASE = find_releases()
-RELEASE_PARAMS: list[Release | None] = [*RELEASES] or [None]
+PARAMS, IDS = release_params()
 
 
-@pytest.fixture(params=RELEASE_PARAMS, ids=[r.version for r in RELEASES] or ["no-k8s"])
+@pytest.fixture(params=PARAMS, ids=IDS)
 def kube_scheduler(request: pytest.FixtureRequest) -> Path:
     """The kube-scheduler of each Kubernetes release found (tests/e2e/cluster.py says where it looks)."""
     if request.param is None:
-        pytest.skip(f"no kube-scheduler to check the config with: {NO_RELEASE}")
+        pytest.skip(f"no kube-scheduler to check the config with: {find_releases()[1]}")
     release: Release = request.param
     return release.bin / "kube-scheduler"
