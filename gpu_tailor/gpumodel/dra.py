@@ -22,12 +22,13 @@ Nothing here raises on odd input: what cannot be read is reported in ``problems`
 from __future__ import annotations
 
 from collections.abc import Iterable
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import StrEnum
+from fractions import Fraction
 from typing import Any
 
-from gpu_tailor.gpumodel.quantity import QuantityError, parse_bytes
+from gpu_tailor.gpumodel.mig import parse_profile_name
+from gpu_tailor.gpumodel.quantity import GIB, QuantityError, parse_bytes
 
 DRIVER = "gpu.nvidia.com"
 API_GROUP = "resource.k8s.io"
@@ -50,10 +51,24 @@ class DraDevice:
     profile: str = ""  # MIG devices: "1g.12gb"
     uuid: str = ""
     parent_uuid: str = ""  # MIG devices: the GPU they are cut from
+    shared: bool = False  # ``allowMultipleAllocations``: several claims share it, each taking some ``memory``
 
     @property
     def key(self) -> tuple[str, str, str]:
         return (DRIVER, self.pool, self.name)
+
+    @property
+    def nominal_memory_bytes(self) -> int:
+        """The memory an ask is compared with: a MIG profile's name is its GiB class (``1g.10gb`` holds a ``10Gi``
+        ask although the driver reports 9.75 GiB), as on device-plugin pools; else the published capacity."""
+        parsed = parse_profile_name(self.profile) if self.type is DeviceType.MIG else None
+        return max(self.memory_bytes, parsed.memory_gb * GIB) if parsed is not None else self.memory_bytes
+
+    @property
+    def fraction(self) -> Fraction:
+        """The share of a GPU's compute the device is: ``g/7`` for a MIG device (NVIDIA's 7-slice GPUs), 1 whole."""
+        parsed = parse_profile_name(self.profile) if self.type is DeviceType.MIG else None
+        return Fraction(min(parsed.compute_slices, 7), 7) if parsed is not None else Fraction(1)
 
 
 @dataclass
@@ -122,7 +137,7 @@ def read_device(pool: str, raw: Any) -> DraDevice | str:
         return value if isinstance(value, str) else ""
 
     return DraDevice(pool, name, DeviceType(kind), memory, text("productName"), text("profile"), text("uuid"),
-                     text("parentUUID"))
+                     text("parentUUID"), raw.get("allowMultipleAllocations") is True)
 
 
 def read_slices(slices: Iterable[dict[str, Any]]) -> DraInventory:
@@ -172,25 +187,85 @@ def read_slices(slices: Iterable[dict[str, Any]]) -> DraInventory:
     return inv
 
 
-def allocated(claims: Iterable[dict[str, Any]]) -> set[tuple[str, str, str]]:
-    """The ``(driver, pool, device)`` that allocated ResourceClaims hold (``status.allocation.devices.results``)."""
-    held: set[tuple[str, str, str]] = set()
-    for claim in claims:
-        status = claim.get("status") if isinstance(claim, dict) else None
-        allocation = status.get("allocation") if isinstance(status, dict) else None
-        devices = allocation.get("devices") if isinstance(allocation, dict) else None
-        for result in (devices.get("results") if isinstance(devices, dict) else None) or []:
-            if isinstance(result, dict) and all(isinstance(result.get(k), str) for k in ("driver", "pool", "device")):
-                held.add((result["driver"], result["pool"], result["device"]))
-    return held
+Key = tuple[str, str, str]  # (driver, pool, device), as an allocation result names a device
 
 
-def smallest_holding(pools: Iterable[DraPool], memory_bytes: int,
-                     held: AbstractSet[tuple[str, str, str]] = frozenset()) -> DraDevice | None:
+@dataclass(frozen=True, slots=True)
+class ClaimHold:
+    """What one allocated ResourceClaim holds of the driver's devices: devices it has alone, and memory it
+    consumes of shared ones (``consumedCapacity``)."""
+
+    devices: tuple[Key, ...] = ()
+    consumed: tuple[tuple[Key, int], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.devices or self.consumed)
+
+
+def claim_hold(claim: Any) -> ClaimHold:
+    """The devices of ``gpu.nvidia.com`` an allocated claim holds (``status.allocation.devices.results``); an empty
+    hold for a claim not allocated yet or one of other drivers."""
+    status = claim.get("status") if isinstance(claim, dict) else None
+    allocation = status.get("allocation") if isinstance(status, dict) else None
+    devices = allocation.get("devices") if isinstance(allocation, dict) else None
+    alone: list[Key] = []
+    consumed: list[tuple[Key, int]] = []
+    for result in (devices.get("results") if isinstance(devices, dict) else None) or []:
+        if not (isinstance(result, dict) and result.get("driver") == DRIVER
+                and all(isinstance(result.get(k), str) for k in ("pool", "device"))):
+            continue
+        key = (DRIVER, result["pool"], result["device"])
+        taken = result.get("consumedCapacity")
+        memory = taken.get("memory", taken.get(f"{DRIVER}/memory")) if isinstance(taken, dict) else None
+        if result.get("shareID") or memory is not None:
+            try:
+                consumed.append((key, parse_bytes(memory) if memory is not None else 0))
+            except QuantityError:
+                consumed.append((key, 0))
+        else:
+            alone.append(key)
+    return ClaimHold(tuple(alone), tuple(consumed))
+
+
+@dataclass
+class Usage:
+    """What allocated claims hold, summed: devices taken whole, memory consumed of shared ones."""
+
+    taken: set[Key] = field(default_factory=set)
+    consumed: dict[Key, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, holds: Iterable[ClaimHold]) -> Usage:
+        usage = cls()
+        for hold in holds:
+            usage.taken.update(hold.devices)
+            for key, memory in hold.consumed:
+                usage.consumed[key] = usage.consumed.get(key, 0) + memory
+        return usage
+
+    def memory_left(self, device: DraDevice) -> int:
+        """Memory of ``device`` no claim holds: all of it, none (taken whole), or what shared claims left."""
+        if device.key in self.taken:
+            return 0
+        return device.memory_bytes - self.consumed.get(device.key, 0)
+
+    def free(self, device: DraDevice) -> bool:
+        """Whether a claim could take ``device`` whole now."""
+        return device.key not in self.taken and device.key not in self.consumed
+
+
+def allocated(claims: Iterable[dict[str, Any]]) -> Usage:
+    """What allocated ResourceClaims hold of the driver's devices."""
+    return Usage.of(claim_hold(c) for c in claims)
+
+
+def smallest_holding(pools: Iterable[DraPool], memory_bytes: int, usage: Usage | None = None) -> DraDevice | None:
     """The free device with the least memory that still holds ``memory_bytes``: a MIG device before a whole GPU
     of the same memory (the slice leaves the rest of its GPU to others), ties by pool and name as the
     allocator searches."""
-    fits = [d for p in pools for d in p.devices.values() if d.memory_bytes >= memory_bytes and d.key not in held]
+    usage = usage or Usage()
+    fits = [d for p in pools for d in p.devices.values()
+            if not d.shared and d.nominal_memory_bytes >= memory_bytes and usage.free(d)]
     if not fits:
         return None
-    return min(fits, key=lambda d: (d.memory_bytes, d.type != DeviceType.MIG, d.pool, d.name))
+    return min(fits, key=lambda d: (d.nominal_memory_bytes, d.type != DeviceType.MIG, d.pool, d.name))

@@ -51,3 +51,28 @@ def a100_mig(node: str = "dra-a100-mig-0") -> dict[str, Any]:
 
 def t4(node: str = "dra-t4-0") -> dict[str, Any]:
     return resource_slice(node, [gpu(i, T4, 15, f"GPU-t4-{i}") for i in range(4)])
+
+
+def shared_gpu(minor: int, product: str, memory_gib: int, uuid: str) -> dict[str, Any]:
+    """A GPU published as shareable (``allowMultipleAllocations``, KEP-5075): claims consume its ``memory``, any
+    amount in MiB steps. NVIDIA's driver does not publish this yet; it is what a pool that shares looks like."""
+    device = gpu(minor, product, memory_gib, uuid)
+    device["allowMultipleAllocations"] = True
+    device["capacity"]["memory"]["requestPolicy"] = {"default": f"{memory_gib}Gi",
+                                                     "validRange": {"min": "1Mi", "step": "1Mi"}}
+    return device
+
+
+def shared_t4(node: str = "dra-t4-shared-0") -> dict[str, Any]:
+    return resource_slice(node, [shared_gpu(i, T4, 15, f"GPU-t4s-{i}") for i in range(2)])
+
+
+def device_classes() -> list[dict[str, Any]]:
+    """The DeviceClasses of NVIDIA's chart for whole GPUs (serving ``nvidia.com/gpu``, KEP-5004) and MIG devices."""
+    def cls(name: str, kind: str, extended: str | None) -> dict[str, Any]:
+        spec: dict[str, Any] = {"selectors": [{"cel": {"expression": (
+            f"device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == '{kind}'")}}]}
+        if extended:
+            spec["extendedResourceName"] = extended
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
+    return [cls("gpu.nvidia.com", "gpu", "nvidia.com/gpu"), cls("mig.nvidia.com", "mig", None)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from gpu_tailor.gpumodel.dra import DeviceType, allocated, read_slices, smallest_holding
+from gpu_tailor.gpumodel.dra import DeviceType, Usage, allocated, read_slices, smallest_holding
 from tests.gpumodel.dra_slices import GIB, H100, a100_mig, gpu, hgx, resource_slice, t4
 
 
@@ -57,7 +57,7 @@ def test_the_smallest_free_device_that_holds_an_ask() -> None:
     pools = list(inv.pools.values())
     assert smallest_holding(pools, 20 * GIB).name == "gpu-1-mig-3g20gb-9-4"  # type: ignore[union-attr]
     assert smallest_holding(pools, 6 * GIB).profile == "2g.10gb"  # type: ignore[union-attr]
-    held = {("gpu.nvidia.com", "dra-a100-mig-0", "gpu-1-mig-3g20gb-9-4")}
+    held = Usage({("gpu.nvidia.com", "dra-a100-mig-0", "gpu-1-mig-3g20gb-9-4")})
     whole = smallest_holding(pools, 20 * GIB, held)
     assert whole is not None and whole.type == DeviceType.GPU  # no MIG device left holds it: a whole GPU
     assert smallest_holding(pools, 81 * GIB) is None
@@ -66,5 +66,12 @@ def test_the_smallest_free_device_that_holds_an_ask() -> None:
 def test_allocated_claims_name_the_devices_they_hold() -> None:
     claim = {"status": {"allocation": {"devices": {"results": [
         {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "dra-h100-hgx-0", "device": "gpu-3"}]}}}}
-    assert allocated([claim, {"status": {}}, {}, {"status": {"allocation": {"devices": {"results": [{}]}}}}]) == {
-        ("gpu.nvidia.com", "dra-h100-hgx-0", "gpu-3")}
+    shared = {"status": {"allocation": {"devices": {"results": [
+        {"request": "gpu/shared-tesla-t4", "driver": "gpu.nvidia.com", "pool": "dra-t4-0", "device": "gpu-0",
+         "shareID": "5a2e5eb3", "consumedCapacity": {"memory": "4Gi"}}]}}}}
+    other = {"status": {"allocation": {"devices": {"results": [
+        {"request": "nic", "driver": "dra.example.com", "pool": "dra-h100-hgx-0", "device": "gpu-4"}]}}}}
+    usage = allocated([claim, shared, shared, other, {"status": {}}, {},
+                       {"status": {"allocation": {"devices": {"results": [{}]}}}}])
+    assert usage.taken == {("gpu.nvidia.com", "dra-h100-hgx-0", "gpu-3")}
+    assert usage.consumed == {("gpu.nvidia.com", "dra-t4-0", "gpu-0"): 8 * GIB}

@@ -1,0 +1,425 @@
+"""GPUs sold through Dynamic Resource Allocation: how a portable ask is written as a ResourceClaim for NVIDIA's DRA
+driver (``gpu.nvidia.com``), and which device the scheduler's allocator would give it now.
+
+This backing is not a ``Device`` of ``base``: a DRA pool sells nothing through ``status.allocatable`` and
+kube-scheduler's DynamicResources plugin, not the device plugin, picks the device. What gpu-tailor decides is the
+claim. A pod's portable ask becomes one ResourceClaimTemplate (the pod references it in ``spec.resourceClaims``, and
+each GPU container names its request in ``resources.claims``); each container's request is a ``firstAvailable``
+list of alternatives, *rungs*, smallest first, as choosing on device-plugin pools orders offerings: the least share
+of a GPU taken, then the least memory left over. The allocator tries the rungs in order on each node, so on every
+node the pod gets the smallest device there that holds it, and the scheduler's DynamicResources score (and
+gpu-tailor's extender) prefer nodes where an earlier rung fits.
+
+A rung selects devices by what identifies them, never by a memory comparison the allocator would make differently:
+a MIG profile (``3g.20gb``: its name is its GiB class, as on device-plugin pools), or a product for whole GPUs.
+Rungs of three kinds:
+
+- ``mig``: a MIG device of DeviceClass ``mig.nvidia.com``, for isolation ``any`` or ``mig``;
+- ``shared``: a GPU its driver publishes with ``allowMultipleAllocations`` (consumable capacity, KEP-5075): the
+  claim requests ``memory`` of it, so the allocator, not a promise, keeps the pods on it within the GPU; the
+  claim's opaque ``GpuConfig`` asks the driver to share it by time-slicing (or MPS for isolation ``mps``). NVIDIA's
+  driver today publishes no shared GPU: more than one pod per GPU is written only where a pool says it shares;
+- ``gpu``: whole GPUs (DeviceClass ``gpu.nvidia.com``), for isolation ``any`` or ``exclusive``; the only kind
+  for an ask of whole GPUs.
+
+Sources: kubernetes-sigs/dra-driver-nvidia-gpu (DeviceClasses in its Helm chart, ``GpuConfig`` in
+``api/nvidia.com/resource/v1beta1``), ``resource.k8s.io/v1`` types (``firstAvailable`` at most 8 alternatives,
+``DeviceSubRequest.capacity``); ``../shared/docs/dra-facts.md`` in this project's workspace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from fractions import Fraction
+from typing import Any
+
+from gpu_tailor.gpumodel.ask import ContainerAsk, Isolation, PodAsk, Topology
+from gpu_tailor.gpumodel.dra import (
+    DRIVER,
+    ClaimHold,
+    DeviceType,
+    DraDevice,
+    DraInventory,
+    Usage,
+    claim_hold,
+    read_slices,
+)
+from gpu_tailor.gpumodel.products import normalise
+from gpu_tailor.gpumodel.quantity import MIB, format_bytes
+
+GPU_CLASS = "gpu.nvidia.com"  # DeviceClass names of NVIDIA's chart
+MIG_CLASS = "mig.nvidia.com"
+CLAIM = "gpu-tailor"  # the pod's ``spec.resourceClaims`` entry
+TEMPLATE_PREFIX = "gpu-tailor-"
+MAX_RUNGS = 8  # firstAvailable holds at most 8 alternatives (resource.k8s.io/v1)
+SHARING_API = "resource.nvidia.com/v1beta1"
+
+
+class RungKind(StrEnum):
+    MIG = "mig"
+    SHARED = "shared"
+    GPU = "gpu"
+
+
+_KIND_ORDER = {RungKind.MIG: 0, RungKind.SHARED: 1, RungKind.GPU: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Rung:
+    """One alternative of a container's request: ``count`` devices of one kind and identity."""
+
+    kind: RungKind
+    identity: str  # the MIG profile, or the GPU's productName
+    memory_bytes: int  # the least nominal memory of a device of it
+    consumed: Fraction  # share of a GPU the container takes on it
+    spare: int  # memory held beyond the ask
+    count: int = 1
+    request_bytes: int = 0  # shared: memory the claim consumes of the GPU
+    products: tuple[str, ...] = ()  # MIG: the products it may come from, where the ask names products
+
+    @property
+    def name(self) -> str:
+        """A DNS label naming the rung in the claim (``mig-3g-20gb``, ``gpu-nvidia-h100-80gb-hbm3``)."""
+        slug = re.sub(r"[^a-z0-9]+", "-", self.identity.lower()).strip("-") or "any"
+        return f"{self.kind.value}-{slug}"[:63].rstrip("-")
+
+    def matches(self, device: DraDevice) -> bool:
+        if self.kind is RungKind.MIG:
+            return device.type is DeviceType.MIG and device.profile == self.identity and (
+                not self.products or device.product in self.products)
+        return (device.type is DeviceType.GPU and device.shared == (self.kind is RungKind.SHARED)
+                and device.product == self.identity)
+
+    def describe(self) -> str:
+        what = {RungKind.MIG: f"MIG {self.identity}", RungKind.SHARED: f"{format_bytes(self.request_bytes)} of a "
+                f"shared {self.identity}", RungKind.GPU: f"{self.count} x {self.identity}"}[self.kind]
+        return f"{what} ({format_bytes(self.memory_bytes)})"
+
+    def subrequest(self) -> dict[str, Any]:
+        attr = f"device.attributes['{DRIVER}']"
+        if self.kind is RungKind.MIG:
+            cel = f"{attr}.profile == {_cel_string(self.identity)}"
+            if self.products:
+                cel += f" && {attr}.productName in [{', '.join(map(_cel_string, self.products))}]"
+        else:
+            shared = "device.allowMultipleAllocations" if self.kind is RungKind.SHARED \
+                else "!device.allowMultipleAllocations"
+            cel = f"{attr}.productName == {_cel_string(self.identity)} && {shared}"
+        out: dict[str, Any] = {"name": self.name, "deviceClassName": MIG_CLASS if self.kind is RungKind.MIG
+                               else GPU_CLASS, "selectors": [{"cel": {"expression": cel}}],
+                               "allocationMode": "ExactCount", "count": self.count}
+        if self.kind is RungKind.SHARED:
+            out["capacity"] = {"requests": {"memory": f"{self.request_bytes // MIB}Mi"}}
+        return out
+
+
+def _cel_string(value: str) -> str:
+    return json.dumps(value)  # a CEL string literal: double quotes, backslash escapes
+
+
+def _ceil_mib(value: Fraction) -> int:
+    return -(-value // MIB) * MIB if value > 0 else 0
+
+
+def _product_ok(products: tuple[str, ...], product: str) -> bool:
+    if not products:
+        return True
+    p = normalise(product.replace(" ", "-"))
+    return any(p.matches(w) for w in products)
+
+
+def _rung(kind: RungKind, identity: str, devices: list[DraDevice], container: ContainerAsk,
+          isolation: Isolation, products: tuple[str, ...]) -> Rung | None:
+    """The rung of these devices that meets ``container``, or None when they cannot."""
+    memory = min(d.nominal_memory_bytes for d in devices)
+    want = container.memory_bytes
+    whole = container.whole_gpus
+    if kind is RungKind.MIG:
+        fraction = min(d.fraction for d in devices)
+        if whole or isolation not in (Isolation.ANY, Isolation.MIG) or memory < want \
+                or fraction < Fraction(container.milli, 1000):
+            return None
+        named = tuple(sorted({d.product for d in devices})) if products else ()
+        return Rung(kind, identity, memory, fraction, memory - want, products=named)
+    if kind is RungKind.SHARED:
+        if whole or isolation not in (Isolation.ANY, Isolation.TIME_SLICING, Isolation.MPS):
+            return None
+        need = max(want, _ceil_mib(Fraction(container.milli, 1000) * memory))
+        if need > memory:
+            return None
+        return Rung(kind, identity, memory, Fraction(need, memory), need - want, request_bytes=need)
+    if isolation not in (Isolation.ANY, Isolation.EXCLUSIVE) or memory < want:
+        return None
+    count = whole or 1
+    return Rung(kind, identity, memory, Fraction(count), memory * count - want * count, count=count)
+
+
+def rungs(container: ContainerAsk, isolation: Isolation, products: tuple[str, ...], inv: DraInventory,
+          classes: Iterable[str] = (GPU_CLASS, MIG_CLASS)) -> list[Rung]:
+    """Every way the cluster's DRA pools can meet one container, smallest first (at most ``MAX_RUNGS``); only
+    kinds whose DeviceClass exists."""
+    have = set(classes)
+    groups: dict[tuple[RungKind, str], list[DraDevice]] = {}
+    for pool in inv.pools.values():
+        for d in pool.devices.values():
+            if not _product_ok(products, d.product):
+                continue
+            if d.type is DeviceType.MIG:
+                if MIG_CLASS in have and d.profile:
+                    groups.setdefault((RungKind.MIG, d.profile), []).append(d)
+            elif GPU_CLASS in have and d.product:
+                groups.setdefault((RungKind.SHARED if d.shared else RungKind.GPU, d.product), []).append(d)
+    found = [r for (kind, identity), devices in groups.items()
+             if (r := _rung(kind, identity, devices, container, isolation, products)) is not None]
+    found.sort(key=lambda r: (r.consumed, r.spare, _KIND_ORDER[r.kind], r.identity))
+    return found[:MAX_RUNGS]
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """The device the allocator would give a container now: its rung (position in the list) and device."""
+
+    rung: Rung
+    position: int
+    device: DraDevice
+
+    @property
+    def node_pool(self) -> str:
+        return self.device.pool
+
+
+@dataclass(frozen=True, slots=True)
+class DraChoice:
+    """A portable ask written for DRA: the ResourceClaimTemplate, each container's request, and what it gets now."""
+
+    template: dict[str, Any]  # a ResourceClaimTemplate without its namespace
+    requests: dict[str, str]  # container key ("init:" + name for init containers) -> request name
+    rungs: dict[str, tuple[Rung, ...]]
+    picks: dict[str, Pick | None]
+    consumed: Fraction
+    spare: int
+
+    @property
+    def name(self) -> str:
+        return str(self.template["metadata"]["name"])
+
+    @property
+    def free_now(self) -> bool:
+        return all(p is not None for p in self.picks.values())
+
+    @property
+    def backing(self) -> str:
+        """The ``gpu-tailor.io/backing`` value: ``dra`` and the first container's best rung now."""
+        first = next(iter(self.picks.values()), None)
+        rung = first.rung if first is not None else next(iter(self.rungs.values()))[0]
+        return f"dra:{rung.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class DraRefusal:
+    message: str
+
+
+def container_key(container: ContainerAsk) -> str:
+    return ("init:" if container.init else "") + container.name
+
+
+def choose(ask: PodAsk, isolation: Isolation, inv: DraInventory, usage: Usage,
+           classes: Iterable[str] = (GPU_CLASS, MIG_CLASS)) -> DraChoice | DraRefusal:
+    """The claim that meets every portable container of ``ask`` on the cluster's DRA pools, or why none can."""
+    classes = tuple(classes)
+    containers = [c for c in ask.gpu_containers if c.virtual]
+    if not inv.pools:
+        return DraRefusal("no node publishes GPUs through DRA (no ResourceSlices of gpu.nvidia.com)")
+    if any(c.native for c in ask.gpu_containers) or any(ask.effective_native.values()):
+        return DraRefusal("the pod also asks for device-plugin resources (nvidia.com/*), which DRA pools do not sell")
+    ladders: dict[str, tuple[Rung, ...]] = {}
+    for c in containers:
+        if c.whole_gpus > 1 and ask.topology is Topology.NVLINK:
+            return DraRefusal(f"container {c.name}: {c.whole_gpus} GPUs joined by NVLink, but NVIDIA's DRA driver "
+                              "publishes no NVLink topology to select them by")
+        found = rungs(c, isolation, ask.products, inv, classes)
+        if not found:
+            return DraRefusal(f"container {c.name}: {_no_rung(c, isolation, ask.products, inv, classes)}")
+        ladders[container_key(c)] = tuple(found)
+    picks = _picks(ladders, inv, usage)
+    requests = {key: f"gpu-{i}" for i, key in enumerate(ladders)}
+    template = claim_template(requests, ladders, isolation)
+    chosen = [p.rung if p is not None else ladders[k][0] for k, p in picks.items()]
+    return DraChoice(template, requests, ladders, picks, sum((r.consumed for r in chosen), Fraction(0)),
+                     sum(r.spare for r in chosen))
+
+
+def _picks(ladders: dict[str, tuple[Rung, ...]], inv: DraInventory, usage: Usage) -> dict[str, Pick | None]:
+    """For each container, the earliest rung with a device free now in some pool, and the device the allocator
+    would take there (the first free one the pool publishes), in the pool with the fewest such devices free (the
+    fullest: what the extender prefers). Containers are served in turn from what the earlier ones left."""
+    left = Usage(set(usage.taken), dict(usage.consumed))
+    out: dict[str, Pick | None] = {}
+    for key, ladder in ladders.items():
+        out[key] = None
+        for position, rung in enumerate(ladder):
+            best: tuple[int, str, list[DraDevice]] | None = None
+            for pool in inv.pools.values():
+                free = [d for d in pool.devices.values() if rung.matches(d) and (
+                    left.memory_left(d) >= rung.request_bytes if rung.kind is RungKind.SHARED else left.free(d))]
+                if len(free) >= rung.count and (best is None or (len(free), pool.name) < best[:2]):
+                    best = (len(free), pool.name, free)
+            if best is not None:
+                taken = best[2][:rung.count]
+                for d in taken:
+                    if rung.kind is RungKind.SHARED:
+                        left.consumed[d.key] = left.consumed.get(d.key, 0) + rung.request_bytes
+                    else:
+                        left.taken.add(d.key)
+                out[key] = Pick(rung, position, taken[0])
+                break
+    return out
+
+
+def claim_template(requests: dict[str, str], ladders: dict[str, tuple[Rung, ...]],
+                   isolation: Isolation) -> dict[str, Any]:
+    """The ResourceClaimTemplate (without namespace) for these requests; its name is a digest of its spec, so the
+    same ask on the same pools names the same template."""
+    strategy = "MPS" if isolation is Isolation.MPS else "TimeSlicing"
+    devices: dict[str, Any] = {"requests": [{"name": requests[key], "firstAvailable": [r.subrequest() for r in ladder]}
+                                            for key, ladder in ladders.items()]}
+    shared = [f"{requests[key]}/{r.name}" for key, ladder in ladders.items() for r in ladder
+              if r.kind is RungKind.SHARED]
+    if shared:
+        devices["config"] = [{"requests": shared, "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": SHARING_API, "kind": "GpuConfig", "sharing": {"strategy": strategy}}}}]
+    spec = {"spec": {"devices": devices}}
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": TEMPLATE_PREFIX + digest,
+                         "labels": {"app.kubernetes.io/managed-by": "gpu-tailor"}},
+            "spec": spec}
+
+
+def _no_rung(container: ContainerAsk, isolation: Isolation, products: tuple[str, ...], inv: DraInventory,
+             classes: tuple[str, ...]) -> str:
+    needs = []
+    if container.whole_gpus:
+        needs.append(f"{container.whole_gpus} whole GPUs")
+    elif container.milli:
+        needs.append(f"{container.milli} milli-GPU")
+    if container.memory_bytes:
+        needs.append(f"{format_bytes(container.memory_bytes)} of GPU memory")
+    head = f"needs {' and '.join(needs)}"
+    if isolation is not Isolation.ANY:
+        head += f" with isolation {isolation.value}"
+    devices = [d for p in inv.pools.values() for d in p.devices.values() if _product_ok(products, d.product)]
+    if products and not devices:
+        return f"{head}; no DRA device is a {'|'.join(products)}"
+    missing = [c for c in (GPU_CLASS, MIG_CLASS) if c not in classes]
+    if missing:
+        head += f" (DeviceClass {', '.join(missing)} does not exist)"
+    if not devices:
+        return f"{head}; no DRA device can be allocated"
+    big = max(devices, key=lambda d: (d.nominal_memory_bytes, d.fraction))
+    kind = f"MIG {big.profile}" if big.type is DeviceType.MIG else big.product
+    return f"{head}; the largest DRA device is {kind} ({format_bytes(big.nominal_memory_bytes)})"
+
+
+@dataclass
+class DraState:
+    """What a service keeps of DRA from the API: the driver's slices, each allocated claim's hold, the DeviceClasses
+    that exist (and the extended resources they serve, KEP-5004). ``inventory`` and ``usage`` are recomputed only
+    after a change. ``enabled`` is False where the API server serves no ``resource.k8s.io/v1``."""
+
+    enabled: bool = True
+    slices: dict[str, dict[str, Any]] = field(default_factory=dict)  # by name
+    holds: dict[str, ClaimHold] = field(default_factory=dict)  # claim uid -> ClaimHold
+    classes: dict[str, str] = field(default_factory=dict)  # DeviceClass name -> its extendedResourceName ("")
+    synced: set[str] = field(default_factory=set)  # "slices", "claims", "classes" once listed
+    _inventory: DraInventory | None = None
+    _usage: Usage | None = None
+
+    KINDS = ("slices", "claims", "classes")
+
+    @property
+    def ready(self) -> bool:
+        return not self.enabled or self.synced >= set(self.KINDS)
+
+    def inventory(self) -> DraInventory:
+        if self._inventory is None:
+            self._inventory = read_slices(self.slices.values())
+        return self._inventory
+
+    def usage(self) -> Usage:
+        if self._usage is None:
+            self._usage = Usage.of(self.holds.values())
+        return self._usage
+
+    def extended(self) -> dict[str, str]:
+        """Extended resource -> the DeviceClass that serves it through DRA on nodes that do not sell it."""
+        return {r: c for c, r in sorted(self.classes.items()) if r}
+
+    def reset_slices(self, items: list[dict[str, Any]]) -> None:
+        self.slices = {_name(s): s for s in items if _driver(s) == DRIVER}
+        self.synced.add("slices")
+        self._inventory = None
+
+    def apply_slice(self, event: str, obj: dict[str, Any]) -> None:
+        name = _name(obj)
+        if event == "DELETED" or _driver(obj) != DRIVER:
+            if self.slices.pop(name, None) is None:
+                return
+        else:
+            self.slices[name] = obj
+        self._inventory = None
+
+    def reset_claims(self, items: list[dict[str, Any]]) -> None:
+        self.holds = {_uid(c): h for c in items if (h := claim_hold(c))}
+        self.synced.add("claims")
+        self._usage = None
+
+    def apply_claim(self, event: str, obj: dict[str, Any]) -> None:
+        hold = claim_hold(obj) if event != "DELETED" else None
+        before = self.holds.pop(_uid(obj), None)
+        if hold:
+            self.holds[_uid(obj)] = hold
+        if before != (hold or None):
+            self._usage = None
+
+    def reset_classes(self, items: list[dict[str, Any]]) -> None:
+        self.classes = dict(filter(None, map(_device_class, items)))
+        self.synced.add("classes")
+
+    def apply_class(self, event: str, obj: dict[str, Any]) -> None:
+        entry = _device_class(obj)
+        if entry is None:
+            return
+        if event == "DELETED":
+            self.classes.pop(entry[0], None)
+        else:
+            self.classes[entry[0]] = entry[1]
+
+
+def _name(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+def _uid(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+
+
+def _driver(obj: dict[str, Any]) -> Any:
+    spec = obj.get("spec")
+    return spec.get("driver") if isinstance(spec, dict) else None
+
+
+def _device_class(obj: dict[str, Any]) -> tuple[str, str] | None:
+    name = _name(obj)
+    if not name:
+        return None
+    spec = obj.get("spec")
+    resource = spec.get("extendedResourceName") if isinstance(spec, dict) else None
+    return name, resource if isinstance(resource, str) else ""
