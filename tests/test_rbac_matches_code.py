@@ -153,12 +153,16 @@ def raw_requests(module: ast.Module) -> Iterator[tuple[str, str]]:
 
 
 def access(http: str, path: str, watched: bool = False) -> list[Access]:
-    """What RBAC calls a request: /api/v1[/namespaces/{ns}]/RESOURCE[/{name}[/SUBRESOURCE]]."""
+    """What RBAC calls a request: /api/v1[/namespaces/{ns}]/RESOURCE[/{name}[/SUBRESOURCE]]. Discovery of a group
+    version (``/apis/resource.k8s.io/v1/``) is no resource: the bootstrap role system:discovery grants it to all."""
     parts = [p for p in path.split("/") if p]
     if parts[0] == "api":
         group, rest = "", parts[2:]
     else:
         group, rest = parts[1], parts[3:]
+    if not rest:
+        assert http == "GET", f"{path}: only discovery has no resource"
+        return []
     if rest[0] == "namespaces" and len(rest) > 2:
         rest = rest[2:]
     resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")

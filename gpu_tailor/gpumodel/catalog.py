@@ -85,6 +85,8 @@ class OfferingChoice:
     candidate: Candidate
     units: dict[str, int] = field(default_factory=dict)  # container key -> units of candidate.resource
     free_now: bool = True  # some node of the candidate has the units free now
+    consumed: Fraction = Fraction(0)  # share of a GPU the pod takes
+    spare: int = 0  # memory it holds beyond its ask, bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +169,7 @@ def choose(ask: PodAsk, candidates: list[Candidate], isolation: Isolation) -> Of
             spare = cand.memory_mib * MIB * total - ask.effective_memory_bytes
             busy = 0 if cand.most_free >= total else 1
             options.append(((busy, consumed, spare, cand.backing, cand.resource),
-                            OfferingChoice(cand, units, free_now=not busy)))
+                            OfferingChoice(cand, units, free_now=not busy, consumed=consumed, spare=spare)))
     if options:
         return min(options, key=lambda o: o[0])[1]
     return NoFit(_explain(ask, candidates, isolation))

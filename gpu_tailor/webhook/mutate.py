@@ -8,7 +8,7 @@ validates the body and serialises what this returns.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -16,7 +16,10 @@ import orjson
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import ContainerAsk, Isolation, PodAsk, from_pod
 from gpu_tailor.gpumodel.catalog import Candidate, NoFit, OfferingChoice, choose, free_somewhere
+from gpu_tailor.gpumodel.devices import dra as claims
 from gpu_tailor.gpumodel.devices.base import GPU_TOLERATION, Toleration
+from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.gpumodel.dra import DeviceType
 from gpu_tailor.gpumodel.inventory import UnitsRefusal
 from gpu_tailor.gpumodel.resources import parse_resource
 from gpu_tailor.webhook import guard, shape
@@ -35,13 +38,15 @@ class Decision:
     message: str = ""
     backing: str = "none"  # for metrics: the chosen backing, "native", "none"
     outcome: str = "allowed"  # allowed | mutated | denied
+    template: dict[str, Any] | None = None  # a ResourceClaimTemplate the pod needs in its namespace (DRA)
 
 
 def _deny(message: str, code: int = 403) -> Decision:
     return Decision(allowed=False, code=code, message=message, outcome="denied")
 
 
-def decide(request: dict[str, Any], candidates: list[Candidate], policy: AdmissionPolicy) -> Decision:
+def decide(request: dict[str, Any], candidates: list[Candidate], policy: AdmissionPolicy,
+           dra: DraState | None = None) -> Decision:
     obj = request.get("object")
     kind = request.get("kind")
     operation = request.get("operation", "CREATE")
@@ -95,27 +100,59 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
             return verdict
         if verdict:
             warnings.append(verdict)
-        if free_somewhere(resource, units, per_container, candidates) is False:
+        if free_somewhere(resource, units, per_container, candidates) is False and not (
+                dra is not None and dra_free_somewhere(dra, resource, units)):
             warnings.append(f"no node has {units} x {resource} free right now; the pod waits for capacity")
 
     backing = "native"
+    template = None
     tolerations: tuple[Toleration, ...] = (GPU_TOLERATION,)
     if ask.virtual:
         choice = choose(ask, candidates, isolation)
-        if isinstance(choice, NoFit):
-            return _deny(f"pod cannot get its GPU ask: {choice.message}")
-        _rewrite(pod, ask, choice)
-        backing = choice.candidate.backing
-        _annotate(pod, ask, isolation, backing)
-        if not choice.free_now:
-            warnings.append(f"no {choice.candidate.backing} is free right now; the pod waits for capacity")
-        tolerations = (*tolerations, *choice.candidate.write.tolerations)
+        on_dra = claims.choose(ask, isolation, dra.inventory(), dra.usage(), dra.classes) \
+            if dra is not None and dra.enabled and dra.inventory().pools else None
+        if isinstance(on_dra, claims.DraChoice) and (isinstance(choice, NoFit) or _dra_first(on_dra, choice)):
+            template = on_dra.template
+            _rewrite_dra(pod, ask, on_dra)
+            backing = on_dra.backing
+            _annotate(pod, ask, isolation, backing)
+            if not on_dra.free_now:
+                warnings.append(f"no DRA device of {on_dra.template['metadata']['name']} is free right now; the "
+                                "pod waits for capacity")
+        else:
+            if isinstance(choice, NoFit):
+                why = f"; on DRA pools: {on_dra.message}" if isinstance(on_dra, claims.DraRefusal) else ""
+                return _deny(f"pod cannot get its GPU ask: {choice.message}{why}")
+            _rewrite(pod, ask, choice)
+            backing = choice.candidate.backing
+            _annotate(pod, ask, isolation, backing)
+            if not choice.free_now:
+                warnings.append(f"no {choice.candidate.backing} is free right now; the pod waits for capacity")
+            tolerations = (*tolerations, *choice.candidate.write.tolerations)
     _tolerate(pod, tolerations)
     if policy.schedulerName and _takes_default_scheduler(pod):
         _obj(pod, "spec")["schedulerName"] = policy.schedulerName
     if owned.reinvocation:  # its warnings went out with the first answer
         return _allow(obj, pod, [], "reinvocation")
-    return _allow(obj, pod, warnings, backing)
+    decision = _allow(obj, pod, warnings, backing)
+    return replace(decision, template=template) if template is not None else decision
+
+
+def _dra_first(on_dra: claims.DraChoice, choice: OfferingChoice) -> bool:
+    """Whether the DRA claim beats the device-plugin offering by ``choose``'s own order: free now first, then the
+    least share of a GPU, then the least memory left over; a tie stays on the device plugin."""
+    return (not on_dra.free_now, on_dra.consumed, on_dra.spare) < (not choice.free_now, choice.consumed,
+                                                                     choice.spare)
+
+
+def dra_free_somewhere(dra: DraState, resource: str, units: int) -> bool:
+    """Whether a DRA pool serves ``resource`` (a DeviceClass's ``extendedResourceName``, KEP-5004) with ``units``
+    whole GPUs free now; the scheduler allocates them as a claim on nodes that do not sell the resource."""
+    if not dra.enabled or resource not in dra.extended():
+        return False
+    usage = dra.usage()
+    return any(sum(1 for d in p.devices.values() if d.type is DeviceType.GPU and usage.free(d)) >= units
+               for p in dra.inventory().pools.values())
 
 
 def _takes_default_scheduler(pod: dict[str, Any]) -> bool:
@@ -285,6 +322,28 @@ def _rewrite(pod: dict[str, Any], ask: PodAsk, choice: OfferingChoice) -> None:
                 values.pop(virtual, None)
             values[resource] = units
     _require_nodes(pod, choice.candidate)
+
+
+def _rewrite_dra(pod: dict[str, Any], ask: PodAsk, choice: claims.DraChoice) -> None:
+    """The portable resources out, the claim in: ``spec.resourceClaims`` names the template, each GPU container
+    names its request in ``resources.claims``."""
+    spec = _obj(pod, "spec")
+    listed = _list(spec, "resourceClaims")
+    taken = {c.get("name") for c in listed if isinstance(c, dict)}
+    name = next(n for n in (claims.CLAIM, *(f"{claims.CLAIM}-{i}" for i in range(1, len(taken) + 2)))
+                if n not in taken)
+    listed.append({"name": name, "resourceClaimTemplateName": choice.name})
+    for container in ask.gpu_containers:
+        if not container.virtual:
+            continue
+        res = _resources(pod, container)
+        for part in ("requests", "limits"):
+            values = _obj(res, part)
+            for virtual in labels.VIRTUAL_RESOURCES:
+                values.pop(virtual, None)
+            if not values:
+                res.pop(part)
+        _list(res, "claims").append({"name": name, "request": choice.requests[claims.container_key(container)]})
 
 
 def _require_nodes(pod: dict[str, Any], cand: Candidate) -> None:

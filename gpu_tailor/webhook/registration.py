@@ -83,7 +83,8 @@ def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
         out: dict[str, Any] = {
             "name": name,
             "admissionReviewVersions": ["v1"],
-            "sideEffects": "None",
+            # a pod sent to a DRA pool has its ResourceClaimTemplate made on admission, never for a dry run
+            "sideEffects": "NoneOnDryRun",
             "failurePolicy": failure,
             "timeoutSeconds": timeout,
             "reinvocationPolicy": "IfNeeded",

@@ -13,11 +13,12 @@ import functools
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -46,7 +47,69 @@ class Metrics:
                                  buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
 
 
+class Templates:
+    """The ResourceClaimTemplates that DRA pods name, created in their namespace before the pod is admitted (never
+    for a dry run). Known ones are not posted again for ``ttl`` seconds; one deleted meanwhile is made again by the
+    first pod after that. Without an API client (``--cluster-file``, tests) ``create`` is None and nothing is
+    made: DRA is off there anyway."""
+
+    def __init__(self, create: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None,
+                 ttl: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.create = create
+        self.ttl = ttl
+        self.clock = clock
+        self.known: dict[tuple[str, str], float] = {}
+
+    async def ensure(self, namespace: str, template: dict[str, Any]) -> str | None:
+        """Make ``template`` exist in ``namespace``; None when it does, else why it cannot be made."""
+        key = (namespace, str(template["metadata"]["name"]))
+        if self.create is None or self.clock() - self.known.get(key, -self.ttl) < self.ttl:
+            return None
+        try:
+            await self.create(namespace, template)
+        except ApiRefusal as exc:
+            if exc.status != 409:  # 409: it exists already
+                return f"cannot create ResourceClaimTemplate {namespace}/{key[1]}: HTTP {exc.status}: {exc.message}"
+        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
+            return f"cannot create ResourceClaimTemplate {namespace}/{key[1]}: {exc}"
+        self.known[key] = self.clock()
+        return None
+
+
+class ApiRefusal(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def api_template_creator(api: Any) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    """``Templates.create`` through the API (``resource.k8s.io/v1``), 5 s at most."""
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    resource = client.ResourceV1Api(api)
+
+    async def create(namespace: str, template: dict[str, Any]) -> None:
+        try:
+            # the client serialises a dict as it is: the template needs no model round trip
+            await resource.create_namespaced_resource_claim_template(
+                namespace, template, _request_timeout=5)  # type: ignore[arg-type]
+        except ApiException as exc:
+            raise ApiRefusal(exc.status or 0, _status_message(exc.body) or str(exc.reason)) from None
+
+    return create
+
+
+def _status_message(body: Any) -> str:
+    try:
+        return str(orjson.loads(body).get("message", ""))
+    except (orjson.JSONDecodeError, TypeError, AttributeError):
+        return ""
+
+
 VIEW = web.AppKey("view", ClusterView)
+TEMPLATES = web.AppKey("templates", Templates)
 METRICS = web.AppKey("metrics", Metrics)
 
 
@@ -57,6 +120,9 @@ class Answer:
     status: int
     body: bytes
     decision: Decision | None = None
+    uid: str = ""
+    namespace: str = ""
+    dry_run: bool = False
 
 
 def answer(body: bytes, view: ClusterView) -> Answer:
@@ -76,10 +142,11 @@ def answer(body: bytes, view: ClusterView) -> Answer:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         return _bad_request(f"{where}: {first['msg']}")
-    decision = decide(raw["request"], view.candidates(), view.policy)
+    decision = decide(raw["request"], view.candidates(), view.policy, view.dra)
     if decision.allowed and decision.backing not in ("none", "reinvocation") and (age := view.stale()) is not None:
         decision = replace(decision, warnings=(*decision.warnings, stale_warning(age)))
-    return Answer(200, orjson.dumps(response(review.request.uid, decision)), decision)
+    return Answer(200, orjson.dumps(response(review.request.uid, decision)), decision, review.request.uid,
+                  str(raw["request"].get("namespace") or ""), review.request.dryRun)
 
 
 def stale_warning(age: float) -> str:
@@ -91,6 +158,12 @@ async def mutate(request: web.Request) -> web.Response:
     started = time.perf_counter()
     body = await request.read()  # over client_max_size: aiohttp answers 413 itself
     out = answer(body, request.app[VIEW])
+    if out.decision is not None and out.decision.template is not None and not out.dry_run:
+        why = await request.app[TEMPLATES].ensure(out.namespace, out.decision.template)
+        if why is not None:  # the pod would wait for a claim nothing can make: refuse it now, with the reason
+            denied = Decision(allowed=False, code=500, outcome="denied", backing=out.decision.backing,
+                              message=f"pod cannot get its GPU ask: {why}")
+            out = replace(out, body=orjson.dumps(response(out.uid, denied)), decision=denied)
     if out.decision is not None:
         metrics = request.app[METRICS]
         metrics.reviews.labels(out.decision.outcome, out.decision.backing).inc()
@@ -102,9 +175,10 @@ def _bad_request(why: str) -> Answer:
     return Answer(400, orjson.dumps({"error": f"not an AdmissionReview v1: {why}"}))
 
 
-def make_app(view: ClusterView) -> web.Application:
+def make_app(view: ClusterView, templates: Templates | None = None) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY)
     app[VIEW] = view
+    app[TEMPLATES] = templates or Templates()
     app[METRICS] = Metrics()
     app[METRICS].registry.register(Staleness("gpu_tailor_webhook_watch_staleness_seconds", view.freshness))
     app.router.add_post("/mutate", mutate)
@@ -149,6 +223,7 @@ def watches(api: Any, view: ClusterView, window: int = WATCH_WINDOW) -> list[Cor
     """The view's two writers: nodes, and the pods that can hold GPUs (``state.ACTIVE_PODS``)."""
     from kubernetes_asyncio import client
 
+    from gpu_tailor.kube.dra import dra_watches
     from gpu_tailor.kube.podfields import slim_pod
     from gpu_tailor.kube.watch import list_and_watch
 
@@ -156,10 +231,12 @@ def watches(api: Any, view: ClusterView, window: int = WATCH_WINDOW) -> list[Cor
     pods = functools.partial(core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
     fresh_nodes = view.freshness["nodes"] = Freshness()
     fresh_pods = view.freshness["pods"] = Freshness()
+    view.dra.enabled = True  # until discovery says the API server serves no resource.k8s.io/v1
     return [list_and_watch(core.list_node, view.reset_nodes, view.apply_node, project=node_fields,
                            freshness=fresh_nodes, timeout_seconds=window),
             list_and_watch(pods, None, view.apply_pod, relist=view.relist_pods, project=slim_pod,
-                           freshness=fresh_pods, timeout_seconds=window)]
+                           freshness=fresh_pods, timeout_seconds=window),
+            dra_watches(api, view.dra, view.freshness, window)]
 
 
 def watch_ctx(kubeconfig: str | None, in_cluster: bool, kept: KeptCerts | None = None,
@@ -172,6 +249,7 @@ def watch_ctx(kubeconfig: str | None, in_cluster: bool, kept: KeptCerts | None =
         from gpu_tailor.kube.watch import watching
 
         async with watching(kubeconfig, in_cluster, lambda api: watches(api, app[VIEW], window)) as api:
+            app[TEMPLATES].create = api_template_creator(api)
             if kept is None:
                 yield
                 return

@@ -41,9 +41,10 @@ def problem(pod: Any) -> str | None:
     name = spec.get("schedulerName")
     if name is not None and not isinstance(name, str):
         return f"spec.schedulerName: expected a string, got {_kind(name)}"
-    why = _objects(spec.get("tolerations"), "spec.tolerations")
-    if why:
-        return why
+    for key in ("tolerations", "resourceClaims"):
+        why = _objects(spec.get(key), f"spec.{key}")
+        if why:
+            return why
     return _affinity(spec.get("affinity"))
 
 
@@ -108,6 +109,9 @@ def _containers(value: Any, where: str) -> str | None:
             why = _quantities(res.get(part), f"{at}.resources.{part}")
             if why:
                 return why
+        why = _objects(res.get("claims"), f"{at}.resources.claims")
+        if why:
+            return why
     return None
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from gpu_tailor.gpumodel import catalog
 from gpu_tailor.gpumodel.ask import from_pod
 from gpu_tailor.gpumodel.catalog import Candidate, from_inventories
+from gpu_tailor.gpumodel.devices.dra import DraState
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
 from gpu_tailor.kube.freshness import STALE_AFTER, Freshness
 from gpu_tailor.webhook.config import AdmissionPolicy, DeclaredOffering
@@ -49,14 +50,16 @@ class ClusterView:
         self.nodes_synced = False
         self.pods_synced = False
         self.freshness: dict[str, Freshness] = {}  # per watched resource, when watches keep the view
+        self.dra = DraState(enabled=False)  # DRA pools; on where watches find resource.k8s.io/v1
         self._cache: list[Candidate] | None = None
         self._declared = [declared_candidate(o) for o in policy.offerings]
         self._was_stale = False
 
     @property
     def ready(self) -> bool:
-        """Both halves listed once: from then on every answer is correct, if perhaps not the best."""
-        return self.nodes_synced and self.pods_synced
+        """Both halves listed once (and DRA's three kinds, where it is on): from then on every answer is correct,
+        if perhaps not the best."""
+        return self.nodes_synced and self.pods_synced and self.dra.ready
 
     def staleness(self) -> float:
         """Seconds since the API server last showed the staler half current (0 without watches)."""

@@ -81,7 +81,7 @@ def test_manifest_webhook_configuration_matches_the_code() -> None:
     assert on_disk == webhook_configuration("gpu-tailor-webhook", "gpu-tailor")
     hook = on_disk["webhooks"][0]
     assert (hook["sideEffects"], hook["failurePolicy"], hook["timeoutSeconds"], hook["reinvocationPolicy"]) == (
-        "None", "Fail", 5, "IfNeeded")
+        "NoneOnDryRun", "Fail", 5, "IfNeeded")
     assert hook["admissionReviewVersions"] == ["v1"]
 
 

@@ -1,0 +1,67 @@
+"""The DRA half of a service's view: ResourceSlices, ResourceClaims and DeviceClasses listed and watched into a
+``DraState``, where the API server serves ``resource.k8s.io/v1`` (Kubernetes 1.34 and later).
+
+Discovery decides once, at start: a 404 for the group version means DRA is off (the state says so and is ready
+with nothing in it); any other failure is retried with backoff, and the service stays unready until the API server
+answers. A cluster upgraded to 1.34 while a service runs is seen at the service's next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.kube.freshness import WATCH_WINDOW, Freshness
+
+log = logging.getLogger(__name__)
+
+GROUP_VERSION = "resource.k8s.io/v1"
+RETRY_CAP = 30.0
+
+
+async def served(resource_api: Any) -> bool:
+    """Whether the API server serves ``resource.k8s.io/v1``; retried until it answers one way or the other."""
+    delay = 0.5
+    while True:
+        try:
+            await resource_api.get_api_resources(_request_timeout=10)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            log.warning("discovery of %s: HTTP %s; retrying in %.1fs", GROUP_VERSION, exc.status, delay)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            log.warning("discovery of %s: %s; retrying in %.1fs", GROUP_VERSION, exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(RETRY_CAP, delay * 2)
+
+
+async def dra_watches(api: Any, state: DraState, freshness: dict[str, Freshness],
+                      window: int = WATCH_WINDOW) -> None:
+    """Keep ``state`` from the API: off where ``resource.k8s.io/v1`` is not served, else its three watches."""
+    from kubernetes_asyncio import client
+
+    from gpu_tailor.kube.watch import list_and_watch
+
+    resource = client.ResourceV1Api(api)
+    if not await served(resource):
+        state.enabled = False
+        log.info("DRA is off: the API server serves no %s (Kubernetes before 1.34); GPUs are read from "
+                 "device-plugin nodes only", GROUP_VERSION)
+        return
+    state.enabled = True
+    log.info("DRA is on: watching ResourceSlices, ResourceClaims and DeviceClasses (%s)", GROUP_VERSION)
+    fresh = {name: Freshness() for name in ("resourceslices", "resourceclaims", "deviceclasses")}
+    freshness.update(fresh)
+    await asyncio.gather(
+        list_and_watch(resource.list_resource_slice, state.reset_slices, state.apply_slice,
+                       freshness=fresh["resourceslices"], timeout_seconds=window),
+        list_and_watch(resource.list_resource_claim_for_all_namespaces, state.reset_claims, state.apply_claim,
+                       freshness=fresh["resourceclaims"], timeout_seconds=window),
+        list_and_watch(resource.list_device_class, state.reset_classes, state.apply_class,
+                       freshness=fresh["deviceclasses"], timeout_seconds=window))
