@@ -59,6 +59,7 @@ from gpu_tailor.extender.records import (
 )
 from gpu_tailor.extender.scores import node_order
 from gpu_tailor.extender.snapshot import NodeInfo, Snapshot, Verdicts
+from gpu_tailor.gpumodel.devices.dra import DraState
 from gpu_tailor.gpumodel.fleet import Fleet, Shape
 from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, from_node
 from gpu_tailor.gpumodel.occupancy import Placement
@@ -96,6 +97,7 @@ class Cache:
         self.nodes_synced = False
         self.pods_synced = False
         self.freshness: dict[str, Freshness] = {}  # per watched resource, when watches keep the cache
+        self.dra = DraState(enabled=False)  # DRA pools; on where the watches find resource.k8s.io/v1
         self._last_generation = 0
         self._dirty: set[str] = set()  # nodes changed since the last snapshot
         self._view: dict[str, NodeInfo] = {}
@@ -104,7 +106,8 @@ class Cache:
     @property
     def ready(self) -> bool:
         """Listed once, and no watch gone quiet for longer than the API server would keep it open."""
-        return self.nodes_synced and self.pods_synced and all(f.fresh() for f in self.freshness.values())
+        return self.nodes_synced and self.pods_synced and self.dra.ready and all(
+            f.fresh() for f in self.freshness.values())
 
     # ----- the read side -----
     def snapshot(self) -> Snapshot:
@@ -112,7 +115,8 @@ class Cache:
         fleet rows written; assumptions past their deadline are dropped first."""
         self.expire()
         self.refresh()
-        return Snapshot(self._view, self.fleet, self.policy, frozenset(self._degraded), self.verdicts, self.ready)
+        return Snapshot(self._view, self.fleet, self.policy, frozenset(self._degraded), self.verdicts, self.ready,
+                        self.dra)
 
     def refresh(self, limit: int | None = None) -> int:
         """Copy up to ``limit`` changed nodes (all of them by default) into the read side, as the next

@@ -405,6 +405,7 @@ def watch_ctx(cache: Cache, kubeconfig: str | None, in_cluster: bool) -> Any:
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         from kubernetes_asyncio import client
 
+        from gpu_tailor.kube.dra import dra_watches
         from gpu_tailor.kube.freshness import Freshness
         from gpu_tailor.kube.watch import list_and_watch, watching
 
@@ -415,7 +416,9 @@ def watch_ctx(cache: Cache, kubeconfig: str | None, in_cluster: bool) -> Any:
             # Finished pods hold nothing, so the API server is asked not to send them: a pod that
             # succeeds or fails leaves the selection, and the watch reports it DELETED.
             active = functools.partial(core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
-            return [list_and_watch(core.list_node, None, cache.apply_node, relist=cache.relist_nodes,
+            cache.dra.enabled = True  # until discovery says the API server serves no resource.k8s.io/v1
+            return [dra_watches(api, cache.dra, cache.freshness),
+                    list_and_watch(core.list_node, None, cache.apply_node, relist=cache.relist_nodes,
                                    project=node_fields, freshness=nodes, page=NODE_PAGE, freeze_gc=True),
                     list_and_watch(active, None, cache.apply_pod, relist=cache.relist_pods,
                                    project=PodProjector(cache.holds_version),

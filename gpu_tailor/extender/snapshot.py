@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from gpu_tailor.extender.records import PodRecord
+from gpu_tailor.gpumodel.devices.dra import DraState
 from gpu_tailor.gpumodel.fleet import Fleet
 from gpu_tailor.gpumodel.inventory import Offering
 from gpu_tailor.gpumodel.policies import TailorPolicy
@@ -115,6 +116,7 @@ class Snapshot:
     degraded: frozenset[str]
     verdicts: Verdicts
     ready: bool
+    dra: DraState = field(default_factory=lambda: DraState(enabled=False))  # DRA pools (read, not copied)
 
     def fits(self, names: list[str], demand: Demand) -> list[Fit]:
         """``fit(node, demand, place=False)`` per node name, kept while a node is unchanged."""

@@ -18,8 +18,11 @@ import numpy as np
 import orjson
 
 from gpu_tailor.extender.records import PodRecord
-from gpu_tailor.extender.scores import extender_scores, tie_order
+from gpu_tailor.extender.scores import extender_scores, node_order, tie_order
 from gpu_tailor.extender.snapshot import NodeInfo, Snapshot
+from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.ask import from_canonical
+from gpu_tailor.gpumodel.devices import dra as claims
 from gpu_tailor.gpumodel.fleet import Shape
 from gpu_tailor.gpumodel.occupancy import Placement, format_gpu_annotation
 from gpu_tailor.gpumodel.schedule import Demand, demand_of, fit, pod_key, shape_of
@@ -146,8 +149,9 @@ def filter_nodes(snap: Snapshot, body: Any) -> dict[str, Any]:
     if not demand.gpu and not demand.error:
         passed = list(names)  # nothing of ours to check: kube-scheduler checks CPU and memory
     else:
+        served = dra_served(snap, demand)
         for name, f in zip(names, snap.fits(names, demand), strict=True):
-            if f.ok:
+            if f.ok or name in served:  # served: DynamicResources allocated a claim for it there already
                 passed.append(name)
             elif f.unresolvable:
                 unresolvable[name] = f.reason
@@ -159,6 +163,49 @@ def filter_nodes(snap: Snapshot, body: Any) -> dict[str, Any]:
     else:
         out["Nodes"], out["NodeNames"] = {"metadata": {}, "items": [objs[n] for n in passed]}, None
     return out
+
+
+def dra_served(snap: Snapshot, demand: Demand) -> frozenset[str]:
+    """The nodes where DRA serves the pod's native resource (KEP-5004): a DeviceClass maps it
+    (``extendedResourceName``), the node publishes DRA pools and sells none of it itself. kube-scheduler's
+    DynamicResources plugin allocates those units as a claim and filters the node before the extender is asked, so
+    the extender passes it: refusing it would disagree with the allocator."""
+    dra = snap.dra
+    if not demand.gpu or not dra.enabled or demand.resource not in dra.extended():
+        return frozenset()
+    out = set()
+    for node in dra.inventory().nodes():
+        info = snap.nodes.get(node)
+        if info is None or info.state.inventory.offering(demand.resource) is None:
+            out.add(node)
+    return frozenset(out)
+
+
+def claim_ladders(snap: Snapshot, pod: dict[str, Any]) -> dict[str, tuple[claims.Rung, ...]] | None:
+    """The rungs of a pod the webhook sent to DRA pools (backing ``dra:...``), from its ask annotation; None for
+    any other pod."""
+    annotations = pod["metadata"].get("annotations") or {}
+    if not str(annotations.get(labels.ANN_BACKING, "")).startswith("dra:") or not snap.dra.enabled:
+        return None
+    ask = from_canonical(str(annotations.get(labels.ANN_ASK, "")))
+    if ask is None:
+        return None
+    dra = snap.dra
+    choice = claims.choose(ask, ask.isolation, dra.inventory(), dra.usage(), dra.classes)
+    return choice.rungs if isinstance(choice, claims.DraChoice) else None
+
+
+def _dra_scores(snap: Snapshot, names: list[str], keys: dict[str, Any]) -> list[dict[str, Any]]:
+    """Scores by rank of each node's key (lower first; 0 where there is none), ties by the fixed node order."""
+    raw = np.zeros(len(names))
+    ok = np.array([keys.get(n) is not None for n in names], bool)
+    rank = {k: i for i, k in enumerate(sorted({k for k in keys.values() if k is not None}))}
+    for i, n in enumerate(names):
+        if ok[i]:
+            raw[i] = -rank[keys[n]]
+    order = np.array([node_order(n) for n in names], np.int64)
+    final = extender_scores(raw, ok, order)
+    return [{"Host": n, "Score": v} for n, v in zip(names, final.tolist(), strict=True)]
 
 
 def _scored(snap: Snapshot, names: list[str]) -> tuple[list[str], list[int]]:
@@ -200,6 +247,25 @@ def prioritize(snap: Snapshot, body: Any) -> list[dict[str, Any]]:
     names, demand = args.names, args.demand
     if not snap.ready or not names:
         return [{"Host": n, "Score": 0} for n in names]
+    ladders = claim_ladders(snap, args.pod) if not demand.gpu else None
+    if ladders is not None:  # a claim on DRA pools: the nodes where its smallest rung fits, the fullest first
+        dra = snap.dra
+        inv, usage = dra.inventory(), dra.usage()
+        pooled = inv.nodes()
+        return _dra_scores(snap, names, {n: claims.claim_preference(ladders, inv, usage, n) for n in names
+                                         if n in pooled})
+    served = dra_served(snap, demand)
+    if served:
+        out = _prioritize_known(snap, names, demand)
+        if not any(o["Score"] for o in out):  # no device-plugin node fits: the DRA nodes, best fit first
+            inv, usage = snap.dra.inventory(), snap.dra.usage()
+            return _dra_scores(snap, names, {n: claims.native_preference(inv, usage, n, demand.units)
+                                             for n in names if n in served})
+        return out  # device-plugin nodes stay the home of native asks, as before DRA
+    return _prioritize_known(snap, names, demand)
+
+
+def _prioritize_known(snap: Snapshot, names: list[str], demand: Demand) -> list[dict[str, Any]]:
     known, at = _scored(snap, names)
     shape = _shape(snap, demand, known)
     rows = np.array(at, np.int64)
@@ -306,7 +372,7 @@ def preempt(snap: Snapshot, body: Any) -> dict[str, Any]:
         if info is None:
             if demand.gpu:
                 continue  # filter fails a node it does not know yet: evicting there would be for nothing
-        elif not _fits_without(info, demand, uids):
+        elif not _fits_without(info, demand, uids) and node not in dra_served(snap, demand):
             continue
         out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
     return {"NodeNameToMetaVictims": out}
@@ -355,8 +421,8 @@ class BindPlan:
 def plan_bind(snap: Snapshot, rec: PodRecord, node: str) -> BindPlan:
     """The GPUs the pod gets on ``node``: what the device plugin would hand it, on the node as it is now."""
     info = snap.nodes.get(node)
-    if not rec.demand.gpu or info is None:
-        return BindPlan()
+    if not rec.demand.gpu or info is None or node in dra_served(snap, rec.demand):
+        return BindPlan()  # no GPU of ours, or a claim's allocation is the record
     f = fit(info.state, rec.demand)
     if not f.ok:
         return BindPlan(error=f"pod {rec.key} no longer fits {node}: {f.reason}")

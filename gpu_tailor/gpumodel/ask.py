@@ -293,3 +293,31 @@ def from_pod(pod: dict[str, Any]) -> PodAsk:
         effective_native={k: _effective(containers, lambda c, k=k: c.native.get(k, 0), overhead.get(k, 0))
                           for k in native_keys},
     )
+
+
+def from_canonical(raw: str) -> PodAsk | None:
+    """The portable ask a pod was admitted with, from its ``gpu-tailor.io/ask`` annotation (``PodAsk.canonical``
+    as JSON): for a pod whose GPU is a claim, its resources no longer say what it asked. None when the annotation
+    cannot be read (absent, or not written by gpu-tailor)."""
+    import json
+
+    try:
+        canonical = json.loads(raw)
+        containers: dict[str, list[dict[str, Any]]] = {"initContainers": [], "containers": []}
+        for key, want in canonical["containers"].items():
+            init = key.startswith("init:")
+            res = {}
+            if "gpuMilli" in want:
+                res[labels.GPU_MILLI] = str(int(want["gpuMilli"]))
+            if "gpuMemory" in want:
+                res[labels.GPU_MEMORY_RESOURCE] = str(want["gpuMemory"])
+            containers["initContainers" if init else "containers"].append(
+                {"name": key.removeprefix("init:"), "resources": {"limits": res}})
+        annotations = {labels.ANN_ISOLATION: str(canonical.get("isolation", "any")),
+                       labels.ANN_TOPOLOGY: str(canonical.get("topology", Topology.PREFER_NVLINK.value))}
+        if canonical.get("products"):
+            annotations[labels.ANN_GPU_PRODUCT] = "|".join(map(str, canonical["products"]))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    ask = from_pod({"metadata": {"annotations": annotations}, "spec": containers})
+    return None if ask.errors or not ask.virtual else ask

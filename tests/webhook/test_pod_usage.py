@@ -171,4 +171,6 @@ def test_rbac_grants_the_pod_list_and_watch_and_nothing_more() -> None:
     docs = list(yaml.safe_load_all((FIXTURES.parents[1] / "manifests" / "webhook" / "rbac.yaml").read_text()))
     (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "gpu-tailor-webhook"]
     grants = {(r, tuple(rule["verbs"])) for rule in role["rules"] for r in rule["resources"]}
-    assert grants == {("nodes", ("list", "watch")), ("pods", ("list", "watch"))}
+    assert grants == {("nodes", ("list", "watch")), ("pods", ("list", "watch")),
+                      *((r, ("list", "watch")) for r in ("resourceslices", "resourceclaims", "deviceclasses")),
+                      ("resourceclaimtemplates", ("create",))}

@@ -423,3 +423,32 @@ def _device_class(obj: dict[str, Any]) -> tuple[str, str] | None:
     spec = obj.get("spec")
     resource = spec.get("extendedResourceName") if isinstance(spec, dict) else None
     return name, resource if isinstance(resource, str) else ""
+
+
+def on_node(inv: DraInventory, node: str) -> DraInventory:
+    """The pools of one node."""
+    return DraInventory({name: p for name, p in inv.pools.items() if p.node == node})
+
+
+def claim_preference(ladders: dict[str, tuple[Rung, ...]], inv: DraInventory, usage: Usage,
+                     node: str) -> tuple[int, Fraction, int] | None:
+    """How much a claim pod of these ladders should like ``node`` (lower is better), as choosing orders offerings:
+    the earliest rungs the allocator would take there (the smallest devices), then the share of a GPU taken, then
+    the devices the node's pools keep free after it (fewer first: fill a node before opening another, so whole
+    GPUs and whole nodes stay whole). None where the claim cannot be allocated there now."""
+    pools = on_node(inv, node)
+    picks = _picks(ladders, pools, usage)
+    if not picks or any(p is None for p in picks.values()):
+        return None
+    chosen = [p for p in picks.values() if p is not None]
+    taken = {p.device.key for p in chosen}
+    free = sum(1 for p in pools.pools.values() for d in p.devices.values() if usage.free(d) and d.key not in taken)
+    return (sum(p.position for p in chosen), sum((p.rung.consumed for p in chosen), Fraction(0)), free)
+
+
+def native_preference(inv: DraInventory, usage: Usage, node: str, units: int) -> int | None:
+    """For ``units`` whole GPUs of an extended resource a DeviceClass serves (KEP-5004) on ``node``: the GPUs its
+    pools keep free after them (fewer first: best fit), or None when fewer than ``units`` are free."""
+    free = sum(1 for p in on_node(inv, node).pools.values() for d in p.devices.values()
+               if d.type is DeviceType.GPU and not d.shared and usage.free(d))
+    return free - units if free >= units else None
