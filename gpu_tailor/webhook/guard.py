@@ -22,6 +22,7 @@ from typing import Any
 
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import PodAsk
+from gpu_tailor.gpumodel.devices.dra import TEMPLATE_PREFIX
 
 OUTPUT_ANNOTATIONS = (labels.ANN_ASK, labels.ANN_BACKING, labels.ANN_GPUS)
 # the extender's ServiceAccount (manifests/scheduler/rbac.yaml), the one writer besides the webhook
@@ -35,14 +36,14 @@ class Owned:
     reinvocation: bool = False  # the pod is the webhook's own rewrite, seen again
 
 
-def on_create(annotations: dict[str, Any], ask: PodAsk) -> Owned:
+def on_create(annotations: dict[str, Any], ask: PodAsk, pod: dict[str, Any] | None = None) -> Owned:
     present = [k for k in OUTPUT_ANNOTATIONS if k in annotations]
     if not present:
         return Owned()
     drop = [labels.ANN_GPUS] if labels.ANN_GPUS in annotations else []
     if ask.virtual:  # rewritten now, and the webhook writes ask and backing afresh
         return Owned(tuple(drop))
-    if _rewritten_by_us(annotations, ask):
+    if _rewritten_by_us(annotations, ask) or _claimed_by_us(annotations, ask, pod or {}):
         return Owned(tuple(drop), reinvocation=True)
     return Owned(tuple(k for k in OUTPUT_ANNOTATIONS if k in annotations))
 
@@ -72,6 +73,37 @@ def _rewritten_by_us(annotations: dict[str, Any], ask: PodAsk) -> bool:
         elif was.get("native") != dict(sorted(c.native.items())):
             return False
     return len(resources) == 1
+
+
+def _claimed_by_us(annotations: dict[str, Any], ask: PodAsk, pod: dict[str, Any]) -> bool:
+    """What ``mutate._rewrite_dra`` leaves: backing ``dra:...``, a claim from a ``gpu-tailor-`` template, and every
+    container the ask record names as portable holding no NVIDIA resource and naming a request of that claim."""
+    if not str(annotations.get(labels.ANN_BACKING, "")).startswith("dra:"):
+        return False
+    try:
+        recorded = json.loads(str(annotations.get(labels.ANN_ASK, "")))
+    except ValueError:
+        return False
+    containers = recorded.get("containers") if isinstance(recorded, dict) else None
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return False
+    claims = {c.get("name") for c in spec.get("resourceClaims") or [] if isinstance(c, dict)
+              and str(c.get("resourceClaimTemplateName", "")).startswith(TEMPLATE_PREFIX)}
+    if not isinstance(containers, dict) or not containers or not claims:
+        return False
+    raw = {("init:" if init else "") + str(c.get("name")): c for init, key in ((True, "initContainers"),
+                                                                               (False, "containers"))
+           for c in spec.get(key) or [] if isinstance(c, dict)}
+    now = {("init:" if c.init else "") + c.name: c for c in ask.containers}
+    for key, was in containers.items():
+        if not isinstance(was, dict) or key not in now or now[key].native:
+            return False
+        if "gpuMilli" in was or "gpuMemory" in was:
+            named = ((raw[key].get("resources") or {}).get("claims") or []) if key in raw else []
+            if not any(isinstance(n, dict) and n.get("name") in claims for n in named):
+                return False
+    return True
 
 
 def changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -66,7 +66,7 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
     ask = from_pod(obj)
     if ask.errors:
         return _deny("; ".join(_where(e.container) + e.message for e in ask.errors), 422)
-    owned = guard.on_create(annotations, ask)
+    owned = guard.on_create(annotations, ask, obj)
     # containers whose GPU requests and limits disagree, zero units included (requests 1, limits 0)
     unequal = [c for c in ask.containers if c.mismatches or c.missing_limits]
     routed = not ask.has_gpu and _routes_cpu_only(obj, policy)

@@ -18,12 +18,13 @@ def gpu(minor: int, product: str, memory_gib: int, uuid: str) -> dict[str, Any]:
             "capacity": {"memory": {"value": f"{memory_gib}Gi"}}}
 
 
-def mig(parent: int, profile: str, gi: int, start: int, memory_gib: int, parent_uuid: str) -> dict[str, Any]:
+def mig(parent: int, profile: str, gi: int, start: int, memory_gib: int, parent_uuid: str,
+        product: str = A100) -> dict[str, Any]:
     slices = int(profile.split("g.")[0])
     return {"name": f"gpu-{parent}-mig-{profile.replace('.', '')}-{gi}-{start}",
             "attributes": {"type": {"string": "mig"}, "parentUUID": {"string": parent_uuid},
-                           "profile": {"string": profile}, "productName": {"string": A100},
-                           "architecture": {"string": "Ampere"}},
+                           "profile": {"string": profile}, "productName": {"string": product},
+                           "architecture": {"string": "Ampere" if product == A100 else "Hopper"}},
             "capacity": {"memory": {"value": f"{memory_gib}Gi"}, "multiprocessors": {"value": str(14 * slices)},
                          **{f"memorySlice{start + i}": {"value": "1"} for i in range(slices)}}}
 
@@ -46,6 +47,15 @@ def a100_mig(node: str = "dra-a100-mig-0") -> dict[str, Any]:
     zero = [mig(0, "1g.5gb", 19, i, 5, "GPU-a100-0") for i in range(7)]
     one = [mig(1, "3g.20gb", 9, 4, 20, "GPU-a100-1"), mig(1, "2g.10gb", 14, 0, 10, "GPU-a100-1"),
            mig(1, "1g.5gb", 19, 2, 5, "GPU-a100-1"), mig(1, "1g.5gb", 19, 3, 5, "GPU-a100-1")]
+    return resource_slice(node, zero + one)
+
+
+def h100_mig(node: str = "dra-h100-mig-0") -> dict[str, Any]:
+    """Two H100 80GB GPUs in MIG mode: GPU 0 as 2g.20gb + 1g.10gb x 2 (and room left), GPU 1 as 3g.40gb. A 20Gi
+    ask has two MIG devices that hold it here, 2g.20gb the smaller."""
+    zero = [mig(0, "2g.20gb", 14, 0, 20, "GPU-h100m-0", H100), mig(0, "1g.10gb", 19, 2, 10, "GPU-h100m-0", H100),
+            mig(0, "1g.10gb", 19, 3, 10, "GPU-h100m-0", H100)]
+    one = [mig(1, "3g.40gb", 9, 4, 40, "GPU-h100m-1", H100)]
     return resource_slice(node, zero + one)
 
 

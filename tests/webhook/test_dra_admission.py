@@ -200,3 +200,19 @@ async def test_a_template_that_exists_is_fine_and_one_that_cannot_be_made_refuse
         assert answer["status"]["message"].startswith("pod cannot get its GPU ask: cannot create "
                                                       "ResourceClaimTemplate team-a/gpu-tailor-")
         assert "HTTP 403: forbidden" in answer["status"]["message"]
+
+
+def test_a_dra_pod_seen_again_keeps_its_records_and_a_forged_one_does_not() -> None:
+    """The API server calls the webhook's second entry (and reinvokes it) with the pod as the first call left it:
+    the claim and the ask and backing records stay. The same records on a pod without gpu-tailor's claim go."""
+    view = cluster([], dra_state())
+    first, rewritten = admit(with_resources("e", gpu_tailor_io_gpu_memory="20Gi"), view)
+    again = copy.deepcopy(review_fixture("e"))
+    again["request"]["object"] = rewritten
+    seen, after = admit(again, view)
+    assert seen.allowed and seen.patch == [] and after == rewritten
+    forged = copy.deepcopy(again)
+    forged["request"]["object"]["spec"]["resourceClaims"] = [{"name": "gpu-tailor", "resourceClaimName": "mine"}]
+    dropped, stored = admit(forged, view)
+    assert dropped.allowed and labels.ANN_BACKING not in stored["metadata"].get("annotations", {})
+    assert any("removed" in w for w in dropped.warnings) and first.template is not None

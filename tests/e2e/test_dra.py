@@ -1,0 +1,201 @@
+"""Portable asks on DRA pools, end to end (issue 27): on a release that serves ``resource.k8s.io/v1`` (1.34 and
+later), NVIDIA-shaped ResourceSlices published by hand for an 8xH100 HGX node, an H100 node in MIG mode and a node
+that shares T4s, next to the device-plugin fixture nodes; the real kube-scheduler (gpu-tailor-scheduler with the
+extender) allocates the claims and binds the pods. On an older release both services say DRA is off.
+
+The device-plugin nodes are cordoned for the DRA-only part, so that each ask has only DRA pools to go to; then they
+are uncordoned and the same cluster serves both dialects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e.cluster import Release, fixture_nodes, install_node
+from tests.e2e.kube import ApiError, Obj, api_path, wait_for
+from tests.e2e.pods import Pods, gpu_pod, gpus_annotation, unique
+from tests.e2e.services import Stack
+from tests.gpumodel.dra_slices import device_classes, h100_mig, hgx, shared_t4
+
+pytestmark = pytest.mark.e2e
+
+GROUP = "resource.k8s.io/v1"
+HGX, MIG, SHARED = "dra-h100-hgx-0", "dra-h100-mig-0", "dra-t4-shared-0"
+
+
+def plain_node(name: str) -> Obj:
+    """A GPU node as it looks with NVIDIA's DRA driver and no device plugin: no nvidia.com/* allocatable, and the
+    GPU operator's taint."""
+    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule", "value": "present"}]},
+            "status": {"capacity": alloc, "allocatable": alloc,
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                       "message": "ready", "lastHeartbeatTime": "2026-11-25T00:00:00Z",
+                                       "lastTransitionTime": "2026-11-25T00:00:00Z"}]}}
+
+
+def cordon(cluster: Stack, on: bool) -> None:
+    for node in fixture_nodes():
+        cluster.kube.patch(api_path("nodes", name=node["metadata"]["name"]), {"spec": {"unschedulable": on or None}})
+
+
+def dry_run(cluster: Stack, pod: Obj) -> Obj:
+    return cluster.kube.create(api_path("pods", cluster.opted_in), pod, dry_run=True)
+
+
+@pytest.fixture
+def dra(cluster: Stack, release: Release) -> Iterator[Stack]:
+    """DeviceClasses, three DRA nodes and their slices, the device-plugin nodes cordoned; all undone after."""
+    if release.minor < 34:
+        pytest.skip(f"{release.version} serves no {GROUP} (DRA is GA from 1.34): test_dra_is_off covers it")
+    kube = cluster.kube
+    made: list[str] = []
+    try:
+        for cls in device_classes():
+            made.append(api_path("deviceclasses", name=cls["metadata"]["name"], group=GROUP))
+            kube.create(api_path("deviceclasses", group=GROUP), cls)
+        for name in (HGX, MIG, SHARED):
+            made.append(api_path("nodes", name=name))
+            install_node(kube, plain_node(name))
+        for s in (hgx(HGX), h100_mig(MIG), shared_t4(SHARED)):
+            made.append(api_path("resourceslices", name=s["metadata"]["name"], group=GROUP))
+            kube.create(api_path("resourceslices", group=GROUP), s)
+        cordon(cluster, True)
+
+        def routed_to_dra() -> bool:  # the webhook has seen the slices and the cordons
+            probe = dry_run(cluster, gpu_pod(unique("probe"), {"gpu-tailor.io/gpu-memory": "20Gi"}))
+            return bool(probe["spec"].get("resourceClaims"))
+
+        wait_for(routed_to_dra, 30, "the webhook to send a 20Gi ask to the DRA pools")
+        yield cluster
+    finally:
+        cordon(cluster, False)
+        for path in reversed(made):
+            if kube.exists(path):
+                kube.delete(path)
+        for t in kube.list(api_path("resourceclaimtemplates", cluster.opted_in, group=GROUP)):
+            kube.delete(api_path("resourceclaimtemplates", cluster.opted_in, t["metadata"]["name"], group=GROUP))
+
+
+def claim_of(cluster: Stack, pod: Obj) -> Obj:
+    """The pod's ResourceClaim, allocated (kube-scheduler's PreBind writes the allocation before the binding)."""
+    statuses = pod["status"].get("resourceClaimStatuses") or []
+    extended = pod["status"].get("extendedResourceClaimStatus") or {}
+    names = [s["resourceClaimName"] for s in statuses if s.get("resourceClaimName")]
+    if extended.get("resourceClaimName"):
+        names.append(extended["resourceClaimName"])
+    assert len(names) == 1, f"expected one claim, got {names}: {pod['status']}"
+    claim = cluster.kube.get(api_path("resourceclaims", pod["metadata"]["namespace"], names[0], group=GROUP))
+    assert claim["status"].get("allocation"), f"claim {names[0]} is not allocated"
+    return claim
+
+
+def devices(claim: Obj) -> list[tuple[str, str, str]]:
+    """(pool, device, request) of each allocated device."""
+    return [(r["pool"], r["device"], r["request"]) for r in claim["status"]["allocation"]["devices"]["results"]]
+
+
+def slice_device(cluster: Stack, pool: str, name: str) -> Obj:
+    for s in cluster.kube.list(api_path("resourceslices", group=GROUP)):
+        if s["spec"]["pool"]["name"] == pool:
+            for d in s["spec"]["devices"]:
+                if d["name"] == name:
+                    found: Obj = d
+                    return found
+    raise AssertionError(f"no device {name} in pool {pool}")
+
+
+def memory_gib(device: Obj) -> float:
+    value = device["capacity"]["memory"]["value"]
+    assert value.endswith("Gi")
+    return float(value[:-2])
+
+
+def bound(pods: Pods, namespace: str, pod: Obj) -> Obj:
+    created = pods.create(namespace, pod)
+    return pods.wait_bound(created, timeout=60)
+
+
+def test_portable_asks_land_on_dra_pools(dra: Stack, pods: Pods) -> None:
+    ns = dra.opted_in
+    twenty = {"gpu-tailor.io/gpu-memory": "20Gi"}
+
+    # 20Gi: the smallest MIG device that holds it (2g.20gb, though 3g.40gb holds it too) ...
+    first = bound(pods, ns, gpu_pod(unique("dra-20gi"), twenty))
+    assert first["spec"]["nodeName"] == MIG
+    assert first["metadata"]["annotations"]["gpu-tailor.io/backing"] == "dra:mig-2g-20gb"
+    assert "gpu-tailor.io/gpus" not in first["metadata"]["annotations"]  # the claim's allocation is the record
+    ((pool, device, request),) = devices(claim_of(dra, first))
+    assert (pool, request) == (MIG, "gpu-0/mig-2g-20gb") and "mig-2g20gb" in device
+    # ... then the next one that does ...
+    second = bound(pods, ns, gpu_pod(unique("dra-20gi"), twenty))
+    ((pool, device, request),) = devices(claim_of(dra, second))
+    assert (second["spec"]["nodeName"], request) == (MIG, "gpu-0/mig-3g-40gb")
+    # ... and a whole GPU only once no MIG device holds 20Gi (two 1g.10gb are left)
+    third = bound(pods, ns, gpu_pod(unique("dra-20gi"), twenty))
+    ((pool, device, request),) = devices(claim_of(dra, third))
+    assert (third["spec"]["nodeName"], pool, request) == (HGX, HGX, "gpu-0/gpu-nvidia-h100-80gb-hbm3")
+    assert memory_gib(slice_device(dra, pool, device)) >= 20
+
+    # a quarter of a GPU, twice: the pool that shares, both on one T4, each holding a quarter of its memory
+    quarters = [bound(pods, ns, gpu_pod(unique("dra-quarter"), {"gpu-tailor.io/gpu-milli": "250"}))
+                for _ in range(2)]
+    held = []
+    for q in quarters:
+        claim = claim_of(dra, q)
+        ((pool, device, request),) = devices(claim)
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        held.append((q["spec"]["nodeName"], device, request, result["consumedCapacity"]["memory"]))
+        config = claim["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]
+        assert config["sharing"] == {"strategy": "TimeSlicing"}
+    assert held == [(SHARED, "gpu-0", "gpu-0/shared-tesla-t4", "3840Mi")] * 2
+
+    # nvidia.com/gpu: 2 in an opted-in namespace: served by DRA on the HGX node (DeviceClass gpu.nvidia.com has
+    # extendedResourceName nvidia.com/gpu), the extender agreeing
+    native = bound(pods, ns, gpu_pod(unique("dra-native"), {"nvidia.com/gpu": "2"}))
+    assert native["spec"]["nodeName"] == HGX
+    assert native["status"]["extendedResourceClaimStatus"]["requestMappings"][0]["resourceName"] == "nvidia.com/gpu"
+    assert [p for p, _, _ in devices(claim_of(dra, native))] == [HGX, HGX]
+    assert gpus_annotation(native) == []
+
+    # an ask no device holds is refused at admission, with the reason
+    with pytest.raises(ApiError) as refused:
+        pods.create(ns, gpu_pod(unique("dra-huge"), {"gpu-tailor.io/gpu-memory": "200Gi"}))
+    message = str(refused.value.body)
+    assert "the largest DRA device is NVIDIA H100 80GB HBM3 (80Gi)" in message, message
+
+    # a dry run makes no template
+    before = {t["metadata"]["name"] for t in dra.kube.list(api_path("resourceclaimtemplates", ns, group=GROUP))}
+    dry_run(dra, gpu_pod(unique("dra-dry"), {"gpu-tailor.io/gpu-memory": "33Gi"}))
+    after = {t["metadata"]["name"] for t in dra.kube.list(api_path("resourceclaimtemplates", ns, group=GROUP))}
+    assert after == before
+
+
+def test_device_plugin_pools_beside_dra_pools_behave_as_before(dra: Stack, pods: Pods) -> None:
+    cordon(dra, False)
+    wait_for(lambda: not dry_run(dra, gpu_pod(unique("probe"), {"gpu-tailor.io/gpu-memory": "4Gi"}))["spec"].get(
+        "resourceClaims"), 30, "the webhook to see the device-plugin nodes again")
+    # 4Gi: a 1g.5gb MIG device of the device-plugin A100 node (1/7 of a GPU) beats every DRA device (1g.10gb)
+    small = bound(pods, dra.opted_in, gpu_pod(unique("dp-4gi"), {"gpu-tailor.io/gpu-memory": "4Gi"}))
+    assert small["metadata"]["annotations"]["gpu-tailor.io/backing"] == "mig-1g.5gb"
+    assert not small["spec"].get("resourceClaims")
+    assert small["spec"]["nodeName"] in ("a100-mig-single-0", "a100-mig-mixed-0")
+    # a native ask goes to a device-plugin node first, and gets its GPUs recorded
+    native = bound(pods, dra.opted_in, gpu_pod(unique("dp-native"), {"nvidia.com/gpu": "2"}))
+    assert native["spec"]["nodeName"] in {n["metadata"]["name"] for n in fixture_nodes()}
+    assert len(gpus_annotation(native)) == 2
+
+
+def test_dra_is_on_or_off_by_release(cluster: Stack, release: Release) -> None:
+    """Both services say which, from discovery of resource.k8s.io/v1."""
+    word = "DRA is on" if release.minor >= 34 else "DRA is off"
+    for service in (cluster.webhook, cluster.extender):
+        assert word in service.log.read_text(), f"{service.name}: no '{word}' in its log"
+    if release.minor < 34:
+        with pytest.raises(ApiError) as absent:
+            cluster.kube.get(f"/apis/{GROUP}")
+        assert absent.value.status == 404
+
