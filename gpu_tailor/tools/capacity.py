@@ -14,8 +14,11 @@ from typing import Any
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.snapshot import NodeInfo
 from gpu_tailor.gpumodel.devices.base import BackingKind, HealthState, Offering
+from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.gpumodel.dra import DeviceType
 from gpu_tailor.gpumodel.fleet import MILLI, Fleet
 from gpu_tailor.gpumodel.policies.fgd import FgdPolicy, Mix
+from gpu_tailor.gpumodel.quantity import GIB
 from gpu_tailor.gpumodel.schedule import Demand, NodeState, fit, fleet_row, shape_of
 from gpu_tailor.tools.source import Cluster
 
@@ -53,6 +56,45 @@ class Pool:
 
 
 @dataclass
+class DraPoolRow:
+    """One DRA pool (a node's devices as NVIDIA's driver publishes them): devices by kind, and what is free."""
+
+    node: str
+    pool: str
+    devices: dict[str, str] = field(default_factory=dict)  # "H100 80GB HBM3" / "MIG 1g.10gb" -> "free/all"
+    free_devices: int = 0
+    devices_total: int = 0
+    free_memory_gib: float = 0.0  # memory of devices no claim holds, and what shared claims left
+    memory_gib: float = 0.0
+    complete: bool = True
+
+
+def dra_pools(state: DraState) -> list[DraPoolRow]:
+    inv, usage = state.inventory(), state.usage()
+    rows = []
+    for pool in sorted(inv.pools.values(), key=lambda p: (p.node, p.name)):
+        row = DraPoolRow(pool.node, pool.name, complete=pool.complete)
+        counts: dict[str, list[int]] = {}
+        for d in pool.devices.values():
+            kind = f"MIG {d.profile}" if d.type is DeviceType.MIG else d.product.removeprefix("NVIDIA ") + (
+                " (shared)" if d.shared else "")
+            c = counts.setdefault(kind, [0, 0])
+            left = usage.memory_left(d)
+            free = usage.free(d)
+            c[0] += free
+            c[1] += 1
+            row.free_devices += free
+            row.devices_total += 1
+            row.free_memory_gib += left / GIB
+            row.memory_gib += d.memory_bytes / GIB
+        row.devices = {k: f"{a}/{b}" for k, (a, b) in sorted(counts.items())}
+        row.free_memory_gib = round(row.free_memory_gib, 1)
+        row.memory_gib = round(row.memory_gib, 1)
+        rows.append(row)
+    return rows
+
+
+@dataclass
 class Report:
     source: str
     pools: list[Pool]
@@ -61,6 +103,8 @@ class Report:
     problems: list[dict[str, str]]  # degraded, initializing, invalid-MIG and cordoned nodes
     pod_cpu_milli: int
     pod_memory_mib: int
+    dra: list[DraPoolRow] = field(default_factory=list)  # the DRA pools, where DRA is on
+    dra_on: bool = False
 
     def wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -204,7 +248,8 @@ def capacity(cluster: Cluster, cpu_milli: int = 1000, memory_mib: int = 4096, po
         p.fragmentation_pct = round(100 * p.fragmentation_gpus * MILLI / free_milli, 1) if free_milli else 0.0
         p.stranded_gpus = round(p.stranded_gpus, 2)
         pools.append(p)
-    return Report(cluster.source, pools, totals, said, problems, cpu_milli, memory_mib)
+    return Report(cluster.source, pools, totals, said, problems, cpu_milli, memory_mib, dra_pools(cluster.dra),
+                  cluster.dra.enabled)
 
 
 # ----- for people -----
@@ -226,6 +271,18 @@ def table(r: Report) -> str:
                   f"{r.pod_memory_mib / 1024:g} GiB memory):"]
     width = max((len(k) for k in r.fits), default=0)
     lines += [f"  {k.ljust(width)}  {v}" for k, v in r.fits.items()]
+    if r.dra:
+        lines += ["", "DRA pools (gpu.nvidia.com ResourceSlices; free = held by no claim):"]
+        rows2 = [("NODE", "FREE DEVICES", "FREE MEMORY", "DEVICES (free/all)")]
+        for d in r.dra:
+            rows2.append((d.node + ("" if d.complete else " (incomplete)"), f"{d.free_devices}/{d.devices_total}",
+                          f"{d.free_memory_gib:g}/{d.memory_gib:g} GiB", ", ".join(f"{k} {v}"
+                                                                                  for k, v in d.devices.items())))
+        w2 = [max(len(row[i]) for row in rows2) for i in range(3)]
+        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row[:3], w2, strict=True)) + "  " + row[3]
+                  for row in rows2]
+    elif not r.dra_on:
+        lines += ["", "DRA: off (the source has no resource.k8s.io/v1 objects, or the API server does not serve it)"]
     if r.problems:
         lines += ["", "Nodes that cannot take GPU pods as labelled:"]
         lines += [f"  {p['node']}: {p['state']}" + (f" ({p['reason']})" if p["reason"] else "") for p in r.problems]

@@ -23,6 +23,7 @@ from gpu_tailor.extender import verbs
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.records import pod_record
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.devices import dra as claims
 from gpu_tailor.gpumodel.schedule import Demand, demand_of
 from gpu_tailor.tools import intree
 from gpu_tailor.tools.source import Cluster
@@ -127,7 +128,8 @@ def admit(pod: Obj, cluster: Cluster, policy: AdmissionPolicy) -> tuple[Admissio
                          f"{labels.NAMESPACE_OPT_IN_LABEL}=true: the webhook is not called"), pod, notes
     view = ClusterView(policy)
     view.reset(cluster.nodes, cluster.pods)
-    decision = decide(admission_review(pod), view.candidates(), policy)
+    view.dra = cluster.dra
+    decision = decide(admission_review(pod), view.candidates(), policy, view.dra)
     if not decision.allowed:
         return Admission(True, False, "denied", decision.message, decision.code, list(decision.warnings)), pod, notes
     stored: Obj = jsonpatch.apply_patch(pod, decision.patch) if decision.patch else pod
@@ -166,20 +168,60 @@ def _nvlink(topology: Any, gpus: list[int], demand: Demand) -> str:
     return said + (f"; {labels.ANN_TOPOLOGY} asks for NVLink" if demand.nvlink else "")
 
 
+def dra_allocations(stored: Obj, cache: Cache) -> dict[str, str] | None:
+    """For a pod whose GPUs are a DRA claim (gpu-tailor's template, or a native ask a DeviceClass serves): per node
+    where kube-scheduler's DynamicResources plugin can allocate it now, what the allocator would pick there; None for
+    a pod without such a claim. A node left out cannot allocate it."""
+    snap = cache.snapshot()
+    dra = snap.dra
+    if not dra.enabled:
+        return None
+    inv, usage = dra.inventory(), dra.usage()
+    ladders = verbs.claim_ladders(snap, {"metadata": stored.get("metadata") or {}})
+    if ladders is not None:
+        out = {}
+        for node in inv.nodes():
+            picks = claims.node_picks(ladders, inv, usage, node)
+            if picks is not None:
+                out[node] = "claim: " + ", ".join(f"{p.rung.describe()} -> device {p.device.name}"
+                                                  for p in picks.values() if p is not None)
+        return out
+    demand = demand_of(stored)
+    served = verbs.dra_served(snap, demand)
+    if not served:
+        return None
+    out = {}
+    for node in served:
+        left = claims.native_preference(inv, usage, node, demand.units)
+        if left is not None:
+            out[node] = f"claim of {demand.units} x {demand.resource} through DRA ({left} GPUs left free)"
+    return out
+
+
 def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
     """Every node's verdict: kube-scheduler's own filters first, then the extender's filter, prioritize
     and bind's choice of GPUs on the nodes that pass them."""
     cache = Cache()
     cache.reset_pods(cluster.pods)  # as ``gpu-tailor extender --cluster-file`` loads it
     cache.reset_nodes(cluster.nodes)
+    cache.dra = cluster.dra
     by_node = intree.pods_by_node(cluster.pods)
     verdicts: dict[str, NodeVerdict] = {}
     passing: list[str] = []
+    allocations = dra_allocations(stored, cache)
     for node in sorted(cluster.nodes, key=lambda n: str((n.get("metadata") or {}).get("name", ""))):
         name = str((node.get("metadata") or {}).get("name", ""))
         here = by_node.get(name, [])
         why = intree.reasons(stored, node, here)
-        verdicts[name] = NodeVerdict(name, not why, "kube-scheduler" if why else "", why)
+        if allocations is not None:  # DynamicResources: the claim must be allocatable on the node
+            served = allocations.get(name)
+            why = [r for r in why if not (served and r.startswith("Insufficient nvidia.com/"))]
+            if served is None:
+                why.append("cannot allocate all claims")
+            else:
+                verdicts[name] = NodeVerdict(name, not why, "kube-scheduler" if why else "", why, detail=served)
+        if name not in verdicts:
+            verdicts[name] = NodeVerdict(name, not why, "kube-scheduler" if why else "", why)
         if any(r.startswith("Insufficient ") for r in why):
             verdicts[name].detail = "; ".join(intree.shortfalls(stored, node, here))
         if not why:

@@ -1,5 +1,7 @@
-"""Where the tools read the cluster from: a ``kubectl get nodes,pods,namespaces -A -o json`` dump, or the
-live API through a kubeconfig, read-only (list nodes, list pods, get one namespace; nothing is written).
+"""Where the tools read the cluster from: a ``kubectl get nodes,pods,namespaces -A -o json`` dump (with
+``resourceslices,resourceclaims,deviceclasses`` for DRA pools), or the live API through a kubeconfig, read-only
+(list nodes, pods, and where ``resource.k8s.io/v1`` is served ResourceSlices, ResourceClaims and DeviceClasses; get
+one namespace; nothing is written).
 
 ``namespaces`` is None when the source does not say (a dump taken without them): the caller then
 assumes the pod's namespace opted in and says so.
@@ -16,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from gpu_tailor.gpumodel.devices.dra import DraState
 from gpu_tailor.kube.clusterfile import ClusterFileError, parse_cluster
 
 Obj = dict[str, Any]
@@ -33,6 +36,7 @@ class Cluster:
     source: str  # for people: "cluster file X", "kubeconfig X, context Y"
     default_namespace: str = "default"  # the kubeconfig context's namespace, else "default"
     notes: list[str] = field(default_factory=list)
+    dra: DraState = field(default_factory=lambda: DraState(enabled=False))  # ResourceSlices, claims, classes
 
 
 def load_dump(path: str) -> Cluster:
@@ -48,11 +52,24 @@ def load_dump(path: str) -> Cluster:
     except json.JSONDecodeError:
         data = yaml.safe_load(text)
     namespaces: dict[str, dict[str, str]] = {}
+    by_kind: dict[str, list[Obj]] = {"ResourceSlice": [], "ResourceClaim": [], "DeviceClass": []}
     for item in data.get("items") or []:
         if isinstance(item, dict) and item.get("kind") == "Namespace":
             meta = item.get("metadata") or {}
             namespaces[str(meta.get("name", ""))] = dict(meta.get("labels") or {})
-    return Cluster(nodes, pods, namespaces or None, f"cluster file {path}")
+        elif isinstance(item, dict) and item.get("kind") in by_kind:
+            by_kind[item["kind"]].append(item)
+    return Cluster(nodes, pods, namespaces or None, f"cluster file {path}",
+                   dra=dra_state(by_kind["ResourceSlice"], by_kind["ResourceClaim"], by_kind["DeviceClass"],
+                                 enabled=any(by_kind.values())))
+
+
+def dra_state(slices: list[Obj], claims: list[Obj], classes: list[Obj], enabled: bool = True) -> DraState:
+    state = DraState(enabled=enabled)
+    state.reset_slices(slices)
+    state.reset_claims(claims)
+    state.reset_classes(classes)
+    return state
 
 
 def kubeconfig_path(given: str | None) -> str:
@@ -91,9 +108,23 @@ async def _read_live(given: str | None, context: str | None, namespace: str | No
             pods, _ = await list_all(core.list_pod_for_all_namespaces)
         except (TimeoutError, ApiException, OSError) as exc:
             raise SourceError(f"{where}: listing nodes and pods: {getattr(exc, 'reason', exc)}") from exc
+        notes = []
+        resource = client.ResourceV1Api(api)
+        try:
+            await resource.get_api_resources()
+            slices, _ = await list_all(resource.list_resource_slice)
+            held, _ = await list_all(resource.list_resource_claim_for_all_namespaces)
+            classes, _ = await list_all(resource.list_device_class)
+            dra = dra_state(slices, held, classes)
+        except ApiException as exc:
+            dra = DraState(enabled=False)
+            if exc.status != 404:
+                notes.append(f"DRA could not be read (HTTP {exc.status}: {exc.reason}): DRA pools are left out")
+        except (TimeoutError, OSError) as exc:
+            dra = DraState(enabled=False)
+            notes.append(f"DRA could not be read ({exc}): DRA pools are left out")
         ns = namespace or default_ns
         namespaces: dict[str, dict[str, str]] | None
-        notes = []
         try:
             resp: Any = await core.read_namespace(ns, _preload_content=False)
             body = json.loads(await resp.read())
@@ -108,7 +139,7 @@ async def _read_live(given: str | None, context: str | None, namespace: str | No
             notes.append(f"namespace {ns} could not be read: {exc}")
     finally:
         await api.close()
-    return Cluster(nodes, pods, namespaces, where, default_ns, notes)
+    return Cluster(nodes, pods, namespaces, where, default_ns, notes, dra)
 
 
 def read_live(kubeconfig: str | None, context: str | None = None, namespace: str | None = None) -> Cluster:

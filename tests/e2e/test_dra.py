@@ -10,6 +10,7 @@ are uncordoned and the same cluster serves both dialects.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from tests.e2e.cluster import Release, fixture_nodes, install_node
 from tests.e2e.kube import ApiError, Obj, api_path, wait_for
 from tests.e2e.pods import Pods, gpu_pod, gpus_annotation, unique
 from tests.e2e.services import Stack
+from tests.e2e.test_explain import assert_stored_as_explained, explain
 from tests.gpumodel.dra_slices import device_classes, h100_mig, hgx, shared_t4
 
 pytestmark = pytest.mark.e2e
@@ -119,12 +121,19 @@ def bound(pods: Pods, namespace: str, pod: Obj) -> Obj:
     return pods.wait_bound(created, timeout=60)
 
 
-def test_portable_asks_land_on_dra_pools(dra: Stack, pods: Pods) -> None:
+def test_portable_asks_land_on_dra_pools(dra: Stack, pods: Pods, tmp_path: Path) -> None:
     ns = dra.opted_in
     twenty = {"gpu-tailor.io/gpu-memory": "20Gi"}
 
+    # explain tells the story first: the claim, the node, the device the allocator picks there
+    asked = gpu_pod(unique("dra-20gi"), twenty)
+    said = explain(dra, asked, tmp_path, ns)
+    assert said["chosen"] == MIG
+    assert {v["node"]: v["detail"] for v in said["nodes"]}[MIG] == (
+        "claim: MIG 2g.20gb (20Gi) -> device gpu-0-mig-2g20gb-14-0")
     # 20Gi: the smallest MIG device that holds it (2g.20gb, though 3g.40gb holds it too) ...
-    first = bound(pods, ns, gpu_pod(unique("dra-20gi"), twenty))
+    first = bound(pods, ns, asked)
+    assert_stored_as_explained(said, first)
     assert first["spec"]["nodeName"] == MIG
     assert first["metadata"]["annotations"]["gpu-tailor.io/backing"] == "dra:mig-2g-20gb"
     assert "gpu-tailor.io/gpus" not in first["metadata"]["annotations"]  # the claim's allocation is the record

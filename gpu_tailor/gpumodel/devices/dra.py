@@ -430,6 +430,13 @@ def on_node(inv: DraInventory, node: str) -> DraInventory:
     return DraInventory({name: p for name, p in inv.pools.items() if p.node == node})
 
 
+def node_picks(ladders: dict[str, tuple[Rung, ...]], inv: DraInventory, usage: Usage,
+               node: str) -> dict[str, Pick | None] | None:
+    """What the allocator would give each container on ``node`` now; None where it cannot allocate the claim."""
+    picks = _picks(ladders, on_node(inv, node), usage)
+    return picks if picks and all(p is not None for p in picks.values()) else None
+
+
 def claim_preference(ladders: dict[str, tuple[Rung, ...]], inv: DraInventory, usage: Usage,
                      node: str) -> tuple[int, Fraction, int] | None:
     """How much a claim pod of these ladders should like ``node`` (lower is better), as choosing orders offerings:

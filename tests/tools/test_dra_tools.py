@@ -1,0 +1,77 @@
+"""``explain`` and ``capacity`` on DRA pools (issue 27): the claim the pod would get, the device the allocator would
+pick on each node, and free devices and memory per pool."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gpu_tailor.tools.capacity import capacity, table
+from gpu_tailor.tools.explain import explain
+from gpu_tailor.tools.source import Cluster, dra_state, load_dump
+from gpu_tailor.webhook.config import AdmissionPolicy
+from tests.gpumodel.dra_slices import device_classes, h100_mig, hgx, shared_t4
+
+NODES = ["dra-h100-hgx-0", "dra-h100-mig-0", "dra-t4-shared-0"]
+
+
+def plain_node(name: str) -> dict[str, Any]:
+    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {"capacity": alloc, "allocatable": alloc, "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def held(pool: str, device: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"uid": f"c-{device}"},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu-0", "driver": "gpu.nvidia.com", "pool": pool, "device": device}]}}}}
+
+
+def cluster(claims: list[dict[str, Any]] = ()) -> Cluster:  # type: ignore[assignment]
+    return Cluster([plain_node(n) for n in NODES], [], {"team-a": {"gpu-tailor.io/enabled": "true"}}, "test",
+                   dra=dra_state([hgx(), h100_mig(), shared_t4()], list(claims), device_classes()))
+
+
+def pod(limits: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "team-a"},
+            "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}]}}
+
+
+def test_explain_tells_the_claim_and_the_device_before_the_pod_exists() -> None:
+    e = explain(pod({"gpu-tailor.io/gpu-memory": "20Gi"}), "pod p", cluster(), AdmissionPolicy())
+    assert e.admission.allowed and e.stored["spec"]["resourceClaims"][0]["resourceClaimTemplateName"].startswith(
+        "gpu-tailor-")
+    assert e.chosen == "dra-h100-mig-0"
+    by = {v.node: v for v in e.nodes}
+    assert by["dra-h100-mig-0"].detail == "claim: MIG 2g.20gb (20Gi) -> device gpu-0-mig-2g20gb-14-0"
+    assert by["dra-h100-hgx-0"].fits and by["dra-h100-hgx-0"].score < by["dra-h100-mig-0"].score  # type: ignore
+    assert by["dra-t4-shared-0"].reasons == ["cannot allocate all claims"]
+    taken = explain(pod({"gpu-tailor.io/gpu-memory": "20Gi"}), "pod p",
+                    cluster([held("dra-h100-mig-0", "gpu-0-mig-2g20gb-14-0")]), AdmissionPolicy())
+    assert {v.node: v.detail for v in taken.nodes}["dra-h100-mig-0"] == (
+        "claim: MIG 3g.40gb (40Gi) -> device gpu-1-mig-3g40gb-9-4")
+
+
+def test_explain_a_native_ask_served_by_dra_and_an_impossible_one() -> None:
+    e = explain(pod({"nvidia.com/gpu": "2"}), "pod p", cluster(), AdmissionPolicy())
+    assert e.chosen == "dra-h100-hgx-0"
+    assert {v.node: v.detail for v in e.nodes}["dra-h100-hgx-0"] == (
+        "claim of 2 x nvidia.com/gpu through DRA (6 GPUs left free)")
+    huge = explain(pod({"gpu-tailor.io/gpu-memory": "200Gi"}), "pod p", cluster(), AdmissionPolicy())
+    assert not huge.admission.allowed and "largest DRA device is NVIDIA H100 80GB HBM3" in huge.admission.message
+
+
+def test_capacity_lists_dra_pools_from_a_dump(tmp_path: Any) -> None:
+    dump = tmp_path / "dump.json"
+    items = [plain_node(n) for n in NODES] + [hgx(), h100_mig(), shared_t4(), *device_classes(),
+                                              held("dra-h100-hgx-0", "gpu-3")]
+    dump.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    report = capacity(load_dump(str(dump)))
+    rows = {r.node: r for r in report.dra}
+    assert (rows["dra-h100-hgx-0"].free_devices, rows["dra-h100-hgx-0"].devices_total) == (7, 8)
+    assert rows["dra-h100-hgx-0"].free_memory_gib == 560
+    assert rows["dra-h100-mig-0"].devices == {"MIG 1g.10gb": "2/2", "MIG 2g.20gb": "1/1", "MIG 3g.40gb": "1/1"}
+    assert rows["dra-t4-shared-0"].devices == {"Tesla T4 (shared)": "2/2"}
+    text = table(report)
+    assert "DRA pools" in text and "dra-h100-hgx-0   7/8" in text
+    assert "DRA: off" in table(capacity(Cluster([], [], None, "empty")))
