@@ -17,11 +17,36 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpu_tailor.gpumodel.devices.dra import DraState
 from gpu_tailor.kube.freshness import WATCH_WINDOW, Freshness
+from gpu_tailor.kube.podfields import mapping, pick, plain
 
 log = logging.getLogger(__name__)
 
 GROUP_VERSION = "resource.k8s.io/v1"
 RETRY_CAP = 30.0
+
+
+def slim_slice(obj: Any) -> dict[str, Any]:
+    """What is kept of a ResourceSlice (a dict, or as simdjson parsed it lazily): its name and spec; never its
+    managedFields."""
+    meta = mapping(obj.get("metadata"))
+    spec = mapping(obj.get("spec"))
+    return {"metadata": pick(meta, ("name",)) if meta is not None else {},
+            "spec": plain(spec) if spec is not None else {}}
+
+
+def slim_claim(obj: Any) -> dict[str, Any]:
+    """What is kept of a ResourceClaim: its name, namespace and uid, and the devices its allocation holds
+    (``status.allocation.devices.results``). Its requests, selectors, config and reservations are never built."""
+    meta = mapping(obj.get("metadata"))
+    out: dict[str, Any] = {"metadata": pick(meta, ("name", "namespace", "uid")) if meta is not None else {}}
+    node: Any = obj
+    for key in ("status", "allocation", "devices"):
+        node = mapping(node.get(key)) if node is not None else None
+    results = node.get("results") if node is not None else None
+    if results is not None and not isinstance(results, str) and mapping(results) is None:
+        kept = [plain(r) for r in results if mapping(r) is not None]
+        out["status"] = {"allocation": {"devices": {"results": kept}}}
+    return out
 
 
 async def served(resource_api: Any) -> bool:
@@ -59,9 +84,9 @@ async def dra_watches(api: Any, state: DraState, freshness: dict[str, Freshness]
     fresh = {name: Freshness() for name in ("resourceslices", "resourceclaims", "deviceclasses")}
     freshness.update(fresh)
     await asyncio.gather(
-        list_and_watch(resource.list_resource_slice, state.reset_slices, state.apply_slice,
+        list_and_watch(resource.list_resource_slice, state.reset_slices, state.apply_slice, project=slim_slice,
                        freshness=fresh["resourceslices"], timeout_seconds=window),
         list_and_watch(resource.list_resource_claim_for_all_namespaces, state.reset_claims, state.apply_claim,
-                       freshness=fresh["resourceclaims"], timeout_seconds=window),
+                       project=slim_claim, freshness=fresh["resourceclaims"], timeout_seconds=window),
         list_and_watch(resource.list_device_class, state.reset_classes, state.apply_class,
                        freshness=fresh["deviceclasses"], timeout_seconds=window))
