@@ -12,6 +12,7 @@ Invalid values become ``AskError`` records, never exceptions: the webhook turns 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -299,8 +300,6 @@ def from_canonical(raw: str) -> PodAsk | None:
     """The portable ask a pod was admitted with, from its ``gpu-tailor.io/ask`` annotation (``PodAsk.canonical``
     as JSON): for a pod whose GPU is a claim, its resources no longer say what it asked. None when the annotation
     cannot be read (absent, or not written by gpu-tailor)."""
-    import json
-
     try:
         canonical = json.loads(raw)
         containers: dict[str, list[dict[str, Any]]] = {"initContainers": [], "containers": []}
@@ -317,7 +316,7 @@ def from_canonical(raw: str) -> PodAsk | None:
                        labels.ANN_TOPOLOGY: str(canonical.get("topology", Topology.PREFER_NVLINK.value))}
         if canonical.get("products"):
             annotations[labels.ANN_GPU_PRODUCT] = "|".join(map(str, canonical["products"]))
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError):
         return None
     ask = from_pod({"metadata": {"annotations": annotations}, "spec": containers})
     return None if ask.errors or not ask.virtual else ask

@@ -118,6 +118,9 @@ def read_device(pool: str, raw: Any) -> DraDevice | str:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         return f"pool {pool}: a device without a name"
     name = raw["name"]
+    if raw.get("consumesCounters"):
+        return (f"pool {pool}, device {name}: a partitionable device (consumesCounters: the driver's DynamicMIG) "
+                "is not modelled; left out")
     attributes = raw.get("attributes") or {}
     capacity = raw.get("capacity") or {}
     if not isinstance(attributes, dict) or not isinstance(capacity, dict):
@@ -213,6 +216,8 @@ def claim_hold(claim: Any) -> ClaimHold:
     for result in (devices.get("results") if isinstance(devices, dict) else None) or []:
         if not (isinstance(result, dict) and result.get("driver") == DRIVER
                 and all(isinstance(result.get(k), str) for k in ("pool", "device"))):
+            continue
+        if result.get("adminAccess") is True:  # monitoring access: the allocator does not count it as held
             continue
         key = (DRIVER, result["pool"], result["device"])
         taken = result.get("consumedCapacity")

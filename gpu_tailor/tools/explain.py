@@ -129,7 +129,7 @@ def admit(pod: Obj, cluster: Cluster, policy: AdmissionPolicy) -> tuple[Admissio
     view = ClusterView(policy)
     view.reset(cluster.nodes, cluster.pods)
     view.dra = cluster.dra
-    decision = decide(admission_review(pod), view.candidates(), policy, view.dra)
+    decision = decide(admission_review(pod), view.candidates(), policy, view.dra, view.nodes_taking_pods())
     if not decision.allowed:
         return Admission(True, False, "denied", decision.message, decision.code, list(decision.warnings)), pod, notes
     stored: Obj = jsonpatch.apply_patch(pod, decision.patch) if decision.patch else pod

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_tailor.gpumodel import labels
-from gpu_tailor.gpumodel.ask import PodAsk
+from gpu_tailor.gpumodel.ask import PodAsk, from_canonical
 from gpu_tailor.gpumodel.devices.dra import TEMPLATE_PREFIX
 
 OUTPUT_ANNOTATIONS = (labels.ANN_ASK, labels.ANN_BACKING, labels.ANN_GPUS)
@@ -55,7 +55,7 @@ def _rewritten_by_us(annotations: dict[str, Any], ask: PodAsk) -> bool:
         return False
     try:
         recorded = json.loads(str(annotations[labels.ANN_ASK]))
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     containers = recorded.get("containers") if isinstance(recorded, dict) else None
     if not isinstance(containers, dict) or not containers:
@@ -78,12 +78,10 @@ def _rewritten_by_us(annotations: dict[str, Any], ask: PodAsk) -> bool:
 def _claimed_by_us(annotations: dict[str, Any], ask: PodAsk, pod: dict[str, Any]) -> bool:
     """What ``mutate._rewrite_dra`` leaves: backing ``dra:...``, a claim from a ``gpu-tailor-`` template, and every
     container the ask record names as portable holding no NVIDIA resource and naming a request of that claim."""
-    if not str(annotations.get(labels.ANN_BACKING, "")).startswith("dra:"):
-        return False
-    try:
-        recorded = json.loads(str(annotations.get(labels.ANN_ASK, "")))
-    except ValueError:
-        return False
+    if not str(annotations.get(labels.ANN_BACKING, "")).startswith("dra:") \
+            or from_canonical(str(annotations.get(labels.ANN_ASK, ""))) is None:
+        return False  # a record the webhook could not have written
+    recorded = json.loads(str(annotations[labels.ANN_ASK]))
     containers = recorded.get("containers") if isinstance(recorded, dict) else None
     spec = pod.get("spec")
     if not isinstance(spec, dict):

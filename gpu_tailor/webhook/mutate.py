@@ -8,6 +8,7 @@ validates the body and serialises what this returns.
 from __future__ import annotations
 
 import json
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,7 +47,8 @@ def _deny(message: str, code: int = 403) -> Decision:
 
 
 def decide(request: dict[str, Any], candidates: list[Candidate], policy: AdmissionPolicy,
-           dra: DraState | None = None) -> Decision:
+           dra: DraState | None = None, dra_nodes: AbstractSet[str] | None = None) -> Decision:
+    """``dra``: the DRA pools, where DRA is on; ``dra_nodes``: the nodes that take pods (not cordoned), when known."""
     obj = request.get("object")
     kind = request.get("kind")
     operation = request.get("operation", "CREATE")
@@ -109,7 +111,7 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
     tolerations: tuple[Toleration, ...] = (GPU_TOLERATION,)
     if ask.virtual:
         choice = choose(ask, candidates, isolation)
-        on_dra = claims.choose(ask, isolation, dra.inventory(), dra.usage(), dra.classes) \
+        on_dra = claims.choose(ask, isolation, dra.inventory(), dra.usage(), dra.classes, dra_nodes) \
             if dra is not None and dra.enabled and dra.inventory().pools else None
         if isinstance(on_dra, claims.DraChoice) and (isinstance(choice, NoFit) or _dra_first(on_dra, choice)):
             template = on_dra.template

@@ -48,31 +48,26 @@ class Metrics:
 
 
 class Templates:
-    """The ResourceClaimTemplates that DRA pods name, created in their namespace before the pod is admitted (never
-    for a dry run). Known ones are not posted again for ``ttl`` seconds; one deleted meanwhile is made again by the
-    first pod after that. Without an API client (``--cluster-file``, tests) ``create`` is None and nothing is
-    made: DRA is off there anyway."""
+    """The ResourceClaimTemplates that DRA pods name, made in their namespace before the pod is admitted (never for a
+    dry run). Posted for every such pod, with no memory of earlier ones: a 409 (it exists) is cheap, and a template
+    someone deleted is made again by the next pod that needs it, never left missing under a pod that names it.
+    Without an API client (``--cluster-file``, tests) ``create`` is None and nothing is made: DRA is off there."""
 
-    def __init__(self, create: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None,
-                 ttl: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, create: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None) -> None:
         self.create = create
-        self.ttl = ttl
-        self.clock = clock
-        self.known: dict[tuple[str, str], float] = {}
 
     async def ensure(self, namespace: str, template: dict[str, Any]) -> str | None:
         """Make ``template`` exist in ``namespace``; None when it does, else why it cannot be made."""
-        key = (namespace, str(template["metadata"]["name"]))
-        if self.create is None or self.clock() - self.known.get(key, -self.ttl) < self.ttl:
+        name = str(template["metadata"]["name"])
+        if self.create is None:
             return None
         try:
             await self.create(namespace, template)
         except ApiRefusal as exc:
             if exc.status != 409:  # 409: it exists already
-                return f"cannot create ResourceClaimTemplate {namespace}/{key[1]}: HTTP {exc.status}: {exc.message}"
+                return f"cannot create ResourceClaimTemplate {namespace}/{name}: HTTP {exc.status}: {exc.message}"
         except (TimeoutError, OSError, aiohttp.ClientError) as exc:
-            return f"cannot create ResourceClaimTemplate {namespace}/{key[1]}: {exc}"
-        self.known[key] = self.clock()
+            return f"cannot create ResourceClaimTemplate {namespace}/{name}: {exc or type(exc).__name__}"
         return None
 
 
@@ -84,7 +79,8 @@ class ApiRefusal(Exception):
 
 
 def api_template_creator(api: Any) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
-    """``Templates.create`` through the API (``resource.k8s.io/v1``), 5 s at most."""
+    """``Templates.create`` through the API (``resource.k8s.io/v1``), 2 s at most: well inside the webhook's own 5 s,
+    so that a slow API server gets the pod a denial with the reason, not the API server's timeout."""
     from kubernetes_asyncio import client
     from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -94,7 +90,7 @@ def api_template_creator(api: Any) -> Callable[[str, dict[str, Any]], Awaitable[
         try:
             # the client serialises a dict as it is: the template needs no model round trip
             await resource.create_namespaced_resource_claim_template(
-                namespace, template, _request_timeout=5)  # type: ignore[arg-type]
+                namespace, template, _request_timeout=2)  # type: ignore[arg-type]
         except ApiException as exc:
             raise ApiRefusal(exc.status or 0, _status_message(exc.body) or str(exc.reason)) from None
 
@@ -142,7 +138,7 @@ def answer(body: bytes, view: ClusterView) -> Answer:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         return _bad_request(f"{where}: {first['msg']}")
-    decision = decide(raw["request"], view.candidates(), view.policy, view.dra)
+    decision = decide(raw["request"], view.candidates(), view.policy, view.dra, view.nodes_taking_pods())
     if decision.allowed and decision.backing not in ("none", "reinvocation") and (age := view.stale()) is not None:
         decision = replace(decision, warnings=(*decision.warnings, stale_warning(age)))
     return Answer(200, orjson.dumps(response(review.request.uid, decision)), decision, review.request.uid,

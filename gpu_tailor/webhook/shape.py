@@ -41,10 +41,10 @@ def problem(pod: Any) -> str | None:
     name = spec.get("schedulerName")
     if name is not None and not isinstance(name, str):
         return f"spec.schedulerName: expected a string, got {_kind(name)}"
-    for key in ("tolerations", "resourceClaims"):
-        why = _objects(spec.get(key), f"spec.{key}")
-        if why:
-            return why
+    why = _objects(spec.get("tolerations"), "spec.tolerations") or _named(spec.get("resourceClaims"),
+                                                                           "spec.resourceClaims")
+    if why:
+        return why
     return _affinity(spec.get("affinity"))
 
 
@@ -109,9 +109,21 @@ def _containers(value: Any, where: str) -> str | None:
             why = _quantities(res.get(part), f"{at}.resources.{part}")
             if why:
                 return why
-        why = _objects(res.get("claims"), f"{at}.resources.claims")
+        why = _named(res.get("claims"), f"{at}.resources.claims", ("name", "request"))
         if why:
             return why
+    return None
+
+
+def _named(value: Any, where: str, keys: tuple[str, ...] = ("name",)) -> str | None:
+    """A list of objects whose ``keys`` are strings where present (claims: names the webhook compares)."""
+    why = _objects(value, where)
+    if why or value is None:
+        return why
+    for i, item in enumerate(value):
+        for key in keys:
+            if item.get(key) is not None and not isinstance(item[key], str):
+                return f"{where}[{i}].{key}: expected a string, got {_kind(item[key])}"
     return None
 
 

@@ -52,6 +52,7 @@ class ClusterView:
         self.freshness: dict[str, Freshness] = {}  # per watched resource, when watches keep the view
         self.dra = DraState(enabled=False)  # DRA pools; on where watches find resource.k8s.io/v1
         self._cache: list[Candidate] | None = None
+        self._takes_pods: frozenset[str] = frozenset()
         self._declared = [declared_candidate(o) for o in policy.offerings]
         self._was_stale = False
 
@@ -143,7 +144,13 @@ class ClusterView:
     def candidates(self) -> list[Candidate]:
         if self._cache is None:
             self._cache = from_inventories(self.nodes.values(), self.used) + self._declared
+            self._takes_pods = frozenset(name for name, inv in self.nodes.items() if not inv.unschedulable)
         return self._cache
+
+    def nodes_taking_pods(self) -> frozenset[str]:
+        """The nodes not cordoned (DRA pools elsewhere are left out of a choice), as of the last change."""
+        self.candidates()
+        return self._takes_pods
 
 
 class PodRelist:

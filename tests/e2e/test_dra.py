@@ -19,24 +19,12 @@ from tests.e2e.kube import ApiError, Obj, api_path, wait_for
 from tests.e2e.pods import Pods, gpu_pod, gpus_annotation, unique
 from tests.e2e.services import Stack
 from tests.e2e.test_explain import assert_stored_as_explained, explain
-from tests.gpumodel.dra_slices import device_classes, h100_mig, hgx, shared_t4
+from tests.gpumodel.dra_slices import device_classes, h100_mig, hgx, plain_node, shared_t4
 
 pytestmark = pytest.mark.e2e
 
 GROUP = "resource.k8s.io/v1"
 HGX, MIG, SHARED = "dra-h100-hgx-0", "dra-h100-mig-0", "dra-t4-shared-0"
-
-
-def plain_node(name: str) -> Obj:
-    """A GPU node as it looks with NVIDIA's DRA driver and no device plugin: no nvidia.com/* allocatable, and the
-    GPU operator's taint."""
-    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110"}
-    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-            "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule", "value": "present"}]},
-            "status": {"capacity": alloc, "allocatable": alloc,
-                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                       "message": "ready", "lastHeartbeatTime": "2026-11-25T00:00:00Z",
-                                       "lastTransitionTime": "2026-11-25T00:00:00Z"}]}}
 
 
 def cordon(cluster: Stack, on: bool) -> None:

@@ -15,17 +15,9 @@ from gpu_tailor.extender.records import pod_record
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.devices.dra import DraState
 from tests.extender.builders import NODE_NAMES, cluster, gpu_pod, pod_of
-from tests.gpumodel.dra_slices import a100_mig, device_classes, hgx, shared_t4
+from tests.gpumodel.dra_slices import a100_mig, device_classes, hgx, plain_node, shared_t4
 
 DRA_NODES = ["dra-h100-hgx-0", "dra-a100-mig-0", "dra-t4-shared-0"]
-
-
-def plain_node(name: str) -> dict[str, Any]:
-    """A node whose GPUs only DRA publishes: no GPU labels, no nvidia.com/* allocatable."""
-    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110"}
-    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-            "status": {"capacity": alloc, "allocatable": alloc,
-                       "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
 def held(pool: str, *devices: str, memory: str = "") -> dict[str, Any]:
@@ -117,10 +109,13 @@ def test_binding_on_a_dra_node_writes_no_gpu_annotation() -> None:
     assert verbs.plan_bind(off.snapshot(), pod_record(pod), "dra-h100-hgx-0").error  # DRA off: no GPUs there
 
 
-def test_bound_native_pods_on_dra_nodes_are_counted_without_error() -> None:
+def test_bound_native_pods_on_dra_nodes_are_counted_for_cpu_and_memory_only() -> None:
     bound = gpu_pod("on-dra", 2, node="dra-h100-hgx-0")
-    cache = dra_cache(pods=[bound])
-    assert cache.snapshot().nodes["dra-h100-hgx-0"].pods  # counted (CPU, memory) where it runs
+    bound["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "4"
+    info = dra_cache(pods=[bound]).snapshot().nodes["dra-h100-hgx-0"]
+    (key,) = info.pods
+    assert info.pods[key].uid == "uid-on-dra" and info.state.cpu_used == 4000
+    assert info.state.gpus.slots == [] and not info.state.inventory.has_gpus  # no GPU of its own to count on
 
 
 def test_not_ready_until_dra_is_listed() -> None:

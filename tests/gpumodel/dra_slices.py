@@ -86,3 +86,16 @@ def device_classes() -> list[dict[str, Any]]:
             spec["extendedResourceName"] = extended
         return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
     return [cls("gpu.nvidia.com", "gpu", "nvidia.com/gpu"), cls("mig.nvidia.com", "mig", None)]
+
+
+def plain_node(name: str) -> dict[str, Any]:
+    """A GPU node as it looks with NVIDIA's DRA driver and no device plugin: no GPU labels, no nvidia.com/*
+    allocatable, the GPU operator's taint."""
+    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule", "value": "present"}]},
+            "status": {"capacity": alloc, "allocatable": alloc,
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                       "message": "ready", "lastHeartbeatTime": "2026-11-25T00:00:00Z",
+                                       "lastTransitionTime": "2026-11-25T00:00:00Z"}]}}

@@ -3,11 +3,11 @@ device the allocator would give now, the template, and the state a service keeps
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gpu_tailor.gpumodel.ask import Isolation, from_pod
 from gpu_tailor.gpumodel.devices.dra import (
-    CLAIM,
     GPU_CLASS,
     MAX_RUNGS,
     DraChoice,
@@ -128,15 +128,58 @@ def test_at_most_eight_rungs_smallest_first() -> None:
     assert [r.identity for r in choice.rungs["main"]][:3] == ["1g.5gb", "1g.10gb", "1g.20gb"]
 
 
-def test_two_containers_get_two_requests_and_one_claim() -> None:
+def test_two_containers_get_two_requests_of_one_claim_on_one_node() -> None:
+    """The A100 node holds one 20Gi MIG device, not two: one claim's devices are on one node, so both go whole on
+    the HGX node (the allocator would refuse the claim on the A100 node)."""
     p = pod(gpu_tailor_io_gpu_memory="20Gi")
     p["spec"]["containers"].append({"name": "side", "resources": {"limits": {"gpu-tailor.io/gpu-memory": "20Gi"}}})
     choice = planned(p)
     assert choice.requests == {"main": "gpu-0", "side": "gpu-1"}
     first, second = choice.picks["main"], choice.picks["side"]
     assert first is not None and second is not None
-    assert (first.rung.name, second.rung.name) == ("mig-3g-20gb", "gpu-nvidia-h100-80gb-hbm3")  # one 3g.20gb only
-    assert CLAIM == "gpu-tailor"
+    assert {first.device.pool, second.device.pool} == {"dra-h100-hgx-0"}
+    assert (first.device.name, second.device.name) == ("gpu-0", "gpu-1")
+    assert [r["name"] for r in choice.template["spec"]["spec"]["devices"]["requests"]] == ["gpu-0", "gpu-1"]
+
+
+def test_a_plain_init_container_uses_the_request_of_an_app_container_that_holds_its_ask() -> None:
+    p = pod(gpu_tailor_io_gpu_memory="4Gi")
+    p["spec"]["initContainers"] = [{"name": "warm", "resources": {"limits": {"gpu-tailor.io/gpu-memory": "4Gi"}}},
+                                   {"name": "big", "resources": {"limits": {"gpu-tailor.io/gpu-memory": "30Gi"}}}]
+    choice = planned(p)
+    assert choice.requests == {"main": "gpu-0", "init:warm": "gpu-0", "init:big": "gpu-1"}
+    assert list(choice.rungs) == ["main", "init:big"]  # one request each for what runs at once
+
+
+def test_no_allow_multiple_allocations_in_cel_where_no_pool_shares() -> None:
+    """Consumable capacity is alpha and off in 1.34 and 1.35, where CEL does not know the field: a template naming
+    it is refused. It is named only where some pool shares (and so the gate is on)."""
+    plain = choose(from_pod(pod(gpu_tailor_io_gpu_milli="1000")), Isolation.ANY, read_slices([hgx(), a100_mig()]),
+                   Usage())
+    assert isinstance(plain, DraChoice)
+    cel = json.dumps(plain.template)
+    assert "allowMultipleAllocations" not in cel
+    mixed = planned(pod(gpu_tailor_io_gpu_milli="1000"))
+    (rung,) = mixed.template["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
+    assert rung["selectors"][0]["cel"]["expression"].endswith("&& !device.allowMultipleAllocations")
+
+
+def test_a_shared_request_is_whole_mib_never_less_than_the_ask() -> None:
+    choice = planned(pod(gpu_tailor_io_gpu_memory="10G"))  # 10^10 bytes: 9536.74 MiB
+    shared = [r for r in choice.rungs["main"] if r.kind is RungKind.SHARED]
+    assert shared and shared[0].request_bytes == 9537 * 2**20 >= 10**10
+    assert shared[0].subrequest()["capacity"] == {"requests": {"memory": "9537Mi"}}
+
+
+def test_cordoned_nodes_pools_are_left_out() -> None:
+    everywhere = planned(pod(gpu_tailor_io_gpu_memory="20Gi"))
+    assert everywhere.picks["main"] is not None and everywhere.picks["main"].device.pool == "dra-a100-mig-0"
+    elsewhere = choose(from_pod(pod(gpu_tailor_io_gpu_memory="20Gi")), Isolation.ANY, INV, Usage(),
+                       nodes={"dra-h100-hgx-0", "dra-t4-shared-0"})
+    assert isinstance(elsewhere, DraChoice) and [r.name for r in elsewhere.rungs["main"]] == [
+        "gpu-nvidia-h100-80gb-hbm3"]
+    assert isinstance(choose(from_pod(pod(gpu_tailor_io_gpu_memory="20Gi")), Isolation.ANY, INV, Usage(),
+                             nodes=set()), DraRefusal)
 
 
 def test_state_follows_slices_claims_and_classes() -> None:
@@ -161,3 +204,10 @@ def test_state_follows_slices_claims_and_classes() -> None:
     state.apply_class("DELETED", device_classes()[0])
     assert state.extended() == {}
     assert DraState(enabled=False).ready
+
+
+def test_an_ask_record_that_gpu_tailor_did_not_write_reads_as_none() -> None:
+    from gpu_tailor.gpumodel.ask import from_canonical
+    assert from_canonical('{"containers":{"main":{"gpuMilli":1e999}}}') is None
+    assert from_canonical("[" * 100_000) is None
+    assert from_canonical('{"containers":{"main":{"gpuMemory":"20Gi"}},"isolation":"any"}') is not None

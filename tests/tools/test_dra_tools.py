@@ -10,15 +10,9 @@ from gpu_tailor.tools.capacity import capacity, table
 from gpu_tailor.tools.explain import explain
 from gpu_tailor.tools.source import Cluster, dra_state, load_dump
 from gpu_tailor.webhook.config import AdmissionPolicy
-from tests.gpumodel.dra_slices import device_classes, h100_mig, hgx, shared_t4
+from tests.gpumodel.dra_slices import device_classes, h100_mig, hgx, plain_node, shared_t4
 
 NODES = ["dra-h100-hgx-0", "dra-h100-mig-0", "dra-t4-shared-0"]
-
-
-def plain_node(name: str) -> dict[str, Any]:
-    alloc = {"cpu": "64", "memory": "512Gi", "pods": "110"}
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-            "status": {"capacity": alloc, "allocatable": alloc, "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
 def held(pool: str, device: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from gpu_tailor.webhook.mutate import Decision, decide
 from gpu_tailor.webhook.server import ApiRefusal, Templates, make_app
 from gpu_tailor.webhook.state import ClusterView
 from tests.conftest import FIXTURES, review_fixture
-from tests.gpumodel.dra_slices import a100_mig, device_classes, hgx, shared_t4
+from tests.gpumodel.dra_slices import a100_mig, device_classes, hgx, plain_node, shared_t4
 from tests.webhook.test_mutate import assert_kubernetes_valid
 
 NODES = [json.loads(p.read_text()) for p in sorted((FIXTURES / "nodes").glob("*.json"))]
@@ -37,9 +37,13 @@ def dra_state(slices: list[dict[str, Any]] | None = None, classes: list[dict[str
     return state
 
 
+DRA_NODES = ["dra-h100-hgx-0", "dra-a100-mig-0", "dra-t4-shared-0"]
+
+
 def cluster(nodes: list[dict[str, Any]], dra: DraState | None = None) -> ClusterView:
+    """The view of ``nodes`` plus the nodes of the DRA pools (no GPUs of their own: only DRA publishes them)."""
     view = ClusterView(AdmissionPolicy())
-    view.reset(nodes, [])
+    view.reset([*nodes, *(plain_node(n) for n in DRA_NODES)], [])
     if dra is not None:
         view.dra = dra
     return view
@@ -47,7 +51,7 @@ def cluster(nodes: list[dict[str, Any]], dra: DraState | None = None) -> Cluster
 
 def admit(review: dict[str, Any], view: ClusterView) -> tuple[Decision, dict[str, Any]]:
     req = review["request"]
-    d = decide(req, view.candidates(), view.policy, view.dra)
+    d = decide(req, view.candidates(), view.policy, view.dra, view.nodes_taking_pods())
     pod = jsonpatch.apply_patch(req["object"], d.patch) if d.allowed else req["object"]
     return d, pod
 
@@ -174,19 +178,16 @@ async def post(client: TestClient[web.Request, web.Application], review: dict[st
     return body
 
 
-async def test_the_server_makes_the_template_once_and_never_for_a_dry_run(fake_api: FakeApi) -> None:
-    now = [0.0]
-    templates = Templates(fake_api.create, ttl=60, clock=lambda: now[0])
-    async with TestClient(TestServer(make_app(cluster([], dra_state()), templates))) as client:
+async def test_the_server_makes_the_template_for_each_pod_and_never_for_a_dry_run(fake_api: FakeApi) -> None:
+    async with TestClient(TestServer(make_app(cluster([], dra_state()), Templates(fake_api.create)))) as client:
         dry = await post(client, review_fixture("j"))  # gpu-milli 250, dryRun
-        assert dry["allowed"] and fake_api.created == []
+        assert dry["allowed"] and dry.get("patch") and fake_api.created == []
         first = await post(client, with_resources("e", gpu_tailor_io_gpu_memory="20Gi"))
         second = await post(client, with_resources("e", gpu_tailor_io_gpu_memory="20Gi"))
         assert first["allowed"] and second["allowed"]
-        assert len(fake_api.created) == 1 and fake_api.created[0][0] == "team-a"
-        now[0] = 61.0  # deleted meanwhile? the first pod after the ttl posts it again
-        await post(client, with_resources("e", gpu_tailor_io_gpu_memory="20Gi"))
-        assert len(fake_api.created) == 2
+        # posted for each pod (a 409 says it exists): one deleted meanwhile is made again, never left missing
+        assert len(fake_api.created) == 2 and fake_api.created[0] == fake_api.created[1]
+        assert fake_api.created[0][0] == "team-a" and fake_api.created[0][1].startswith("gpu-tailor-")
 
 
 @pytest.mark.parametrize(("status", "allowed"), [(409, True), (403, False)])
@@ -216,3 +217,23 @@ def test_a_dra_pod_seen_again_keeps_its_records_and_a_forged_one_does_not() -> N
     dropped, stored = admit(forged, view)
     assert dropped.allowed and labels.ANN_BACKING not in stored["metadata"].get("annotations", {})
     assert any("removed" in w for w in dropped.warnings) and first.template is not None
+
+
+@pytest.mark.parametrize(("where", "value"), [("resourceClaims", [{"name": {"x": 1}}]),
+                                              ("claims", [{"name": "gpu-tailor", "request": ["a"]}])])
+def test_claim_names_that_are_not_strings_are_a_bad_request(where: str, value: Any) -> None:
+    review = with_resources("e", gpu_tailor_io_gpu_memory="20Gi")
+    spec = review["request"]["object"]["spec"]
+    if where == "claims":
+        spec["containers"][0]["resources"]["claims"] = value
+    else:
+        spec["resourceClaims"] = value
+    d, _ = admit(review, cluster([], dra_state()))
+    assert not d.allowed and d.code == 400 and "expected a string" in d.message
+
+
+def test_pools_of_cordoned_nodes_are_left_out() -> None:
+    view = cluster([], dra_state())
+    view.apply_node("MODIFIED", {**plain_node("dra-a100-mig-0"), "spec": {"unschedulable": True}})
+    d, _ = admit(with_resources("e", gpu_tailor_io_gpu_memory="20Gi"), view)
+    assert d.allowed and d.backing == "dra:gpu-nvidia-h100-80gb-hbm3"  # the 3g.20gb is on a cordoned node

@@ -33,7 +33,8 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
 from typing import Any
@@ -81,6 +82,7 @@ class Rung:
     count: int = 1
     request_bytes: int = 0  # shared: memory the claim consumes of the GPU
     products: tuple[str, ...] = ()  # MIG: the products it may come from, where the ask names products
+    split_shared: bool = False  # some pool shares GPUs: a whole-GPU rung must not select a shared one
 
     @property
     def name(self) -> str:
@@ -107,9 +109,13 @@ class Rung:
             if self.products:
                 cel += f" && {attr}.productName in [{', '.join(map(_cel_string, self.products))}]"
         else:
-            shared = "device.allowMultipleAllocations" if self.kind is RungKind.SHARED \
-                else "!device.allowMultipleAllocations"
-            cel = f"{attr}.productName == {_cel_string(self.identity)} && {shared}"
+            # ``allowMultipleAllocations`` is known to CEL only where consumable capacity is on (beta from 1.36;
+            # alpha and off in 1.34 and 1.35, where naming it fails the template): named only where a pool shares
+            cel = f"{attr}.productName == {_cel_string(self.identity)}"
+            if self.kind is RungKind.SHARED:
+                cel += " && device.allowMultipleAllocations"
+            elif self.split_shared:
+                cel += " && !device.allowMultipleAllocations"
         out: dict[str, Any] = {"name": self.name, "deviceClassName": MIG_CLASS if self.kind is RungKind.MIG
                                else GPU_CLASS, "selectors": [{"cel": {"expression": cel}}],
                                "allocationMode": "ExactCount", "count": self.count}
@@ -149,7 +155,7 @@ def _rung(kind: RungKind, identity: str, devices: list[DraDevice], container: Co
     if kind is RungKind.SHARED:
         if whole or isolation not in (Isolation.ANY, Isolation.TIME_SLICING, Isolation.MPS):
             return None
-        need = max(want, _ceil_mib(Fraction(container.milli, 1000) * memory))
+        need = _ceil_mib(max(Fraction(want), Fraction(container.milli, 1000) * memory))  # whole MiB, never less
         if need > memory:
             return None
         return Rung(kind, identity, memory, Fraction(need, memory), need - want, request_bytes=need)
@@ -174,7 +180,8 @@ def rungs(container: ContainerAsk, isolation: Isolation, products: tuple[str, ..
                     groups.setdefault((RungKind.MIG, d.profile), []).append(d)
             elif GPU_CLASS in have and d.product:
                 groups.setdefault((RungKind.SHARED if d.shared else RungKind.GPU, d.product), []).append(d)
-    found = [r for (kind, identity), devices in groups.items()
+    split = any(kind is RungKind.SHARED for kind, _ in groups)
+    found = [replace(r, split_shared=split) for (kind, identity), devices in groups.items()
              if (r := _rung(kind, identity, devices, container, isolation, products)) is not None]
     found.sort(key=lambda r: (r.consumed, r.spare, _KIND_ORDER[r.kind], r.identity))
     return found[:MAX_RUNGS]
@@ -230,26 +237,50 @@ def container_key(container: ContainerAsk) -> str:
 
 
 def choose(ask: PodAsk, isolation: Isolation, inv: DraInventory, usage: Usage,
-           classes: Iterable[str] = (GPU_CLASS, MIG_CLASS)) -> DraChoice | DraRefusal:
-    """The claim that meets every portable container of ``ask`` on the cluster's DRA pools, or why none can."""
+           classes: Iterable[str] = (GPU_CLASS, MIG_CLASS),
+           nodes: AbstractSet[str] | None = None) -> DraChoice | DraRefusal:
+    """The claim that meets every portable container of ``ask`` on the cluster's DRA pools, or why none can.
+
+    One request per app container and sidecar; a plain init container (it runs before the app containers, never
+    beside them) uses the request of an app container whose ask holds its own, else one of its own. What the claim
+    gets now is what the allocator would give on the best node (``claim_preference``): one claim's devices are all on
+    the pod's node. ``nodes``: the nodes that take pods (not cordoned), when known; other nodes' pools are left out.
+    """
     classes = tuple(classes)
+    if nodes is not None:
+        inv = DraInventory({n: p for n, p in inv.pools.items() if p.node in nodes}, inv.problems)
     containers = [c for c in ask.gpu_containers if c.virtual]
     if not inv.pools:
-        return DraRefusal("no node publishes GPUs through DRA (no ResourceSlices of gpu.nvidia.com)")
+        return DraRefusal("no node that takes pods publishes GPUs through DRA (no ResourceSlices of gpu.nvidia.com)")
     if any(c.native for c in ask.gpu_containers) or any(ask.effective_native.values()):
         return DraRefusal("the pod also asks for device-plugin resources (nvidia.com/*), which DRA pools do not sell")
+    owners = [c for c in containers if not c.init or c.sidecar]
+    requests: dict[str, str] = {}
     ladders: dict[str, tuple[Rung, ...]] = {}
-    for c in containers:
+    for c in [*owners, *(c for c in containers if c not in owners)]:
+        host = next((o for o in owners if not o.init and o.milli >= c.milli and o.memory_bytes >= c.memory_bytes
+                     and o.whole_gpus >= c.whole_gpus), None) if c.init and not c.sidecar else None
+        if host is not None:
+            requests[container_key(c)] = requests[container_key(host)]
+            continue
         if c.whole_gpus > 1 and ask.topology is Topology.NVLINK:
             return DraRefusal(f"container {c.name}: {c.whole_gpus} GPUs joined by NVLink, but NVIDIA's DRA driver "
                               "publishes no NVLink topology to select them by")
         found = rungs(c, isolation, ask.products, inv, classes)
         if not found:
             return DraRefusal(f"container {c.name}: {_no_rung(c, isolation, ask.products, inv, classes)}")
-        ladders[container_key(c)] = tuple(found)
-    picks = _picks(ladders, inv, usage)
-    requests = {key: f"gpu-{i}" for i, key in enumerate(ladders)}
-    template = claim_template(requests, ladders, isolation)
+        key = container_key(c)
+        requests[key] = f"gpu-{len(ladders)}"
+        ladders[key] = tuple(found)
+    best: tuple[tuple[int, Fraction, int], str] | None = None
+    for node in sorted(inv.nodes()):
+        pref = claim_preference(ladders, inv, usage, node)
+        if pref is not None and (best is None or (pref, node) < best):
+            best = (pref, node)
+    picks: dict[str, Pick | None] = {k: None for k in ladders}
+    if best is not None:
+        picks = dict(node_picks(ladders, inv, usage, best[1]) or picks)
+    template = claim_template({k: requests[k] for k in ladders}, ladders, isolation)
     chosen = [p.rung if p is not None else ladders[k][0] for k, p in picks.items()]
     return DraChoice(template, requests, ladders, picks, sum((r.consumed for r in chosen), Fraction(0)),
                      sum(r.spare for r in chosen))
