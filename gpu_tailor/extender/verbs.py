@@ -190,9 +190,8 @@ def claim_ladders(snap: Snapshot, pod: dict[str, Any]) -> dict[str, tuple[claims
     ask = from_canonical(str(annotations.get(labels.ANN_ASK, "")))
     if ask is None:
         return None
-    dra = snap.dra
-    choice = claims.choose(ask, ask.isolation, dra.inventory(), dra.usage(), dra.classes)
-    return choice.rungs if isinstance(choice, claims.DraChoice) else None
+    planned = claims.ladders_for(ask, ask.isolation, snap.dra.inventory(), tuple(snap.dra.classes))
+    return planned[1] if not isinstance(planned, claims.DraRefusal) else None
 
 
 def _dra_scores(snap: Snapshot, names: list[str], keys: dict[str, Any]) -> list[dict[str, Any]]:
@@ -365,6 +364,7 @@ def preempt(snap: Snapshot, body: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if demand.error:
         return {"NodeNameToMetaVictims": out}  # filter fails every node as unresolvable
+    served = dra_served(snap, demand)
     for node, (uids, pdb) in victims.items():
         if not uids:
             continue
@@ -372,7 +372,7 @@ def preempt(snap: Snapshot, body: Any) -> dict[str, Any]:
         if info is None:
             if demand.gpu:
                 continue  # filter fails a node it does not know yet: evicting there would be for nothing
-        elif not _fits_without(info, demand, uids) and node not in dra_served(snap, demand):
+        elif not _fits_without(info, demand, uids) and node not in served:
             continue
         out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
     return {"NodeNameToMetaVictims": out}

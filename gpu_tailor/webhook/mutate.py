@@ -20,7 +20,6 @@ from gpu_tailor.gpumodel.catalog import Candidate, NoFit, OfferingChoice, choose
 from gpu_tailor.gpumodel.devices import dra as claims
 from gpu_tailor.gpumodel.devices.base import GPU_TOLERATION, Toleration
 from gpu_tailor.gpumodel.devices.dra import DraState
-from gpu_tailor.gpumodel.dra import DeviceType
 from gpu_tailor.gpumodel.inventory import UnitsRefusal
 from gpu_tailor.gpumodel.resources import parse_resource
 from gpu_tailor.webhook import guard, shape
@@ -152,9 +151,8 @@ def dra_free_somewhere(dra: DraState, resource: str, units: int) -> bool:
     whole GPUs free now; the scheduler allocates them as a claim on nodes that do not sell the resource."""
     if not dra.enabled or resource not in dra.extended():
         return False
-    usage = dra.usage()
-    return any(sum(1 for d in p.devices.values() if d.type is DeviceType.GPU and usage.free(d)) >= units
-               for p in dra.inventory().pools.values())
+    inv, usage = dra.inventory(), dra.usage()
+    return any(claims.native_preference(inv, usage, node, units) is not None for node in inv.nodes())
 
 
 def _takes_default_scheduler(pod: dict[str, Any]) -> bool:
@@ -319,11 +317,16 @@ def _rewrite(pod: dict[str, Any], ask: PodAsk, choice: OfferingChoice) -> None:
         units = str(choice.units[("init:" if container.init else "") + container.name])
         res = _resources(pod, container)
         for part in ("requests", "limits"):
-            values = _obj(res, part)
-            for virtual in labels.VIRTUAL_RESOURCES:
-                values.pop(virtual, None)
-            values[resource] = units
+            _without_virtual(res, part)[resource] = units
     _require_nodes(pod, choice.candidate)
+
+
+def _without_virtual(res: dict[str, Any], part: str) -> dict[str, Any]:
+    """``res[part]`` (requests or limits) with the portable resources taken out."""
+    values = _obj(res, part)
+    for virtual in labels.VIRTUAL_RESOURCES:
+        values.pop(virtual, None)
+    return values
 
 
 def _rewrite_dra(pod: dict[str, Any], ask: PodAsk, choice: claims.DraChoice) -> None:
@@ -340,10 +343,7 @@ def _rewrite_dra(pod: dict[str, Any], ask: PodAsk, choice: claims.DraChoice) -> 
             continue
         res = _resources(pod, container)
         for part in ("requests", "limits"):
-            values = _obj(res, part)
-            for virtual in labels.VIRTUAL_RESOURCES:
-                values.pop(virtual, None)
-            if not values:
+            if not _without_virtual(res, part):
                 res.pop(part)
         _list(res, "claims").append({"name": name, "request": choice.requests[claims.container_key(container)]})
 

@@ -236,19 +236,15 @@ def container_key(container: ContainerAsk) -> str:
     return ("init:" if container.init else "") + container.name
 
 
-def choose(ask: PodAsk, isolation: Isolation, inv: DraInventory, usage: Usage,
-           classes: Iterable[str] = (GPU_CLASS, MIG_CLASS),
-           nodes: AbstractSet[str] | None = None) -> DraChoice | DraRefusal:
-    """The claim that meets every portable container of ``ask`` on the cluster's DRA pools, or why none can.
+Ladders = dict[str, tuple[Rung, ...]]  # request-owning container key -> its rungs, smallest first
+
+
+def ladders_for(ask: PodAsk, isolation: Isolation, inv: DraInventory,
+                classes: tuple[str, ...] = (GPU_CLASS, MIG_CLASS)) -> tuple[dict[str, str], Ladders] | DraRefusal:
+    """Each portable container's request name, and the rungs of each request, or why no DRA device can serve.
 
     One request per app container and sidecar; a plain init container (it runs before the app containers, never
-    beside them) uses the request of an app container whose ask holds its own, else one of its own. What the claim
-    gets now is what the allocator would give on the best node (``claim_preference``): one claim's devices are all on
-    the pod's node. ``nodes``: the nodes that take pods (not cordoned), when known; other nodes' pools are left out.
-    """
-    classes = tuple(classes)
-    if nodes is not None:
-        inv = DraInventory({n: p for n, p in inv.pools.items() if p.node in nodes}, inv.problems)
+    beside them) uses the request of an app container whose ask holds its own, else one of its own."""
     containers = [c for c in ask.gpu_containers if c.virtual]
     if not inv.pools:
         return DraRefusal("no node that takes pods publishes GPUs through DRA (no ResourceSlices of gpu.nvidia.com)")
@@ -256,7 +252,7 @@ def choose(ask: PodAsk, isolation: Isolation, inv: DraInventory, usage: Usage,
         return DraRefusal("the pod also asks for device-plugin resources (nvidia.com/*), which DRA pools do not sell")
     owners = [c for c in containers if not c.init or c.sidecar]
     requests: dict[str, str] = {}
-    ladders: dict[str, tuple[Rung, ...]] = {}
+    ladders: Ladders = {}
     for c in [*owners, *(c for c in containers if c not in owners)]:
         host = next((o for o in owners if not o.init and o.milli >= c.milli and o.memory_bytes >= c.memory_bytes
                      and o.whole_gpus >= c.whole_gpus), None) if c.init and not c.sidecar else None
@@ -272,14 +268,31 @@ def choose(ask: PodAsk, isolation: Isolation, inv: DraInventory, usage: Usage,
         key = container_key(c)
         requests[key] = f"gpu-{len(ladders)}"
         ladders[key] = tuple(found)
-    best: tuple[tuple[int, Fraction, int], str] | None = None
+    return requests, ladders
+
+
+def choose(ask: PodAsk, isolation: Isolation, inv: DraInventory, usage: Usage,
+           classes: Iterable[str] = (GPU_CLASS, MIG_CLASS),
+           nodes: AbstractSet[str] | None = None) -> DraChoice | DraRefusal:
+    """The claim that meets every portable container of ``ask`` on the cluster's DRA pools, or why none can.
+
+    What the claim gets now is what the allocator would give on the best node (``claim_preference``): one claim's
+    devices are all on the pod's node. ``nodes``: the nodes that take pods (not cordoned), when known; other nodes'
+    pools are left out."""
+    if nodes is not None:
+        inv = DraInventory({n: p for n, p in inv.pools.items() if p.node in nodes}, inv.problems)
+    planned = ladders_for(ask, isolation, inv, tuple(classes))
+    if isinstance(planned, DraRefusal):
+        return planned
+    requests, ladders = planned
+    best: tuple[tuple[int, Fraction, int], str, dict[str, Pick | None]] | None = None
     for node in sorted(inv.nodes()):
-        pref = claim_preference(ladders, inv, usage, node)
-        if pref is not None and (best is None or (pref, node) < best):
-            best = (pref, node)
-    picks: dict[str, Pick | None] = {k: None for k in ladders}
-    if best is not None:
-        picks = dict(node_picks(ladders, inv, usage, best[1]) or picks)
+        picks = node_picks(ladders, inv, usage, node)
+        if picks is not None:
+            pref = _preference(picks, on_node(inv, node), usage)
+            if best is None or (pref, node) < best[:2]:
+                best = (pref, node, picks)
+    picks = best[2] if best is not None else dict.fromkeys(ladders)
     template = claim_template({k: requests[k] for k in ladders}, ladders, isolation)
     chosen = [p.rung if p is not None else ladders[k][0] for k, p in picks.items()]
     return DraChoice(template, requests, ladders, picks, sum((r.consumed for r in chosen), Fraction(0)),
@@ -474,10 +487,12 @@ def claim_preference(ladders: dict[str, tuple[Rung, ...]], inv: DraInventory, us
     the earliest rungs the allocator would take there (the smallest devices), then the share of a GPU taken, then
     the devices the node's pools keep free after it (fewer first: fill a node before opening another, so whole
     GPUs and whole nodes stay whole). None where the claim cannot be allocated there now."""
-    pools = on_node(inv, node)
-    picks = _picks(ladders, pools, usage)
-    if not picks or any(p is None for p in picks.values()):
-        return None
+    picks = node_picks(ladders, inv, usage, node)
+    return _preference(picks, on_node(inv, node), usage) if picks is not None else None
+
+
+def _preference(picks: dict[str, Pick | None], pools: DraInventory, usage: Usage) -> tuple[int, Fraction, int]:
+    """``claim_preference`` of picks that all found a device on the node of ``pools``."""
     chosen = [p for p in picks.values() if p is not None]
     taken = {p.device.key for p in chosen}
     free = sum(1 for p in pools.pools.values() for d in p.devices.values() if usage.free(d) and d.key not in taken)
