@@ -12,10 +12,12 @@ order) 9, 8, ... down to 1, and every later one 1: a node that fits never gets 0
 fit, and degraded nodes, get 0. So the policy's first choice is the only 10 whatever the gaps between
 raw scores, and nodes the policy tells apart get different scores down to the ninth.
 
-Ties, for a GPU pod, go by a fixed order of the nodes (``node_order``: a hash of the name, the same
-in every replica and after every restart). For a pod without GPUs, nodes without GPUs come first and
-the rest stay tied, so kube-scheduler's own plugins choose among them: its default topology spread
-keeps a Deployment's replicas apart, which a fixed order would stack on the same few nodes.
+Ties, for a pod of whole GPUs, go first to a node already in use over a whole free one: the policy's mix holds
+only the shapes seen so far, so it may score breaking the only empty 8-GPU node as free of cost, and the next job
+of all its GPUs would then wait (issue 28). After that, and for sharing pods, they go by a fixed order of the nodes
+(``node_order``: a hash of the name, the same in every replica and after every restart). For a pod without GPUs,
+nodes without GPUs come first and the rest stay tied, so kube-scheduler's own plugins choose among them: its
+default topology spread keeps a Deployment's replicas apart, which a fixed order would stack on the same few nodes.
 
 Why a fixed order for GPU pods' ties, and not the fuller node: the policy's scores are coarse on purpose, and
 a fixed node order among equal scores makes placement a first fit, as the simulator's node rank does
@@ -43,12 +45,14 @@ def node_order(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=7).digest(), "big")
 
 
-def tie_order(fleet: Fleet, rows: Array, gpu: bool) -> Array:
-    """The tie-break key per row (lower first): ``node_order`` for a GPU pod (kept in ``fleet.rank``);
-    for a pod without GPUs 0 on nodes without GPUs and 1 elsewhere, so their CPU goes to GPU nodes
-    only when the policy has a reason."""
+def tie_order(fleet: Fleet, rows: Array, gpu: bool, whole_gpus: bool = False) -> Array:
+    """The tie-break key per row (lower first): for a GPU pod ``node_order`` (kept in ``fleet.rank``, below 2**56),
+    and for a pod of whole GPUs nodes in use before whole free ones first (never break a whole node blindly: the
+    next job of all its GPUs needs one; ``Policy.keep_whole_nodes``, as the simulator places); for a pod without
+    GPUs 0 on nodes without GPUs and 1 elsewhere, so their CPU goes to GPU nodes only when the policy has a
+    reason."""
     if gpu:
-        out: Array = fleet.rank[rows]
+        out: Array = fleet.rank[rows] + (fleet.untouched(rows).astype(np.int64) << 56 if whole_gpus else 0)
         return out
     has: Array = (fleet.ngpu[rows] > 0).astype(np.int64)
     return has

@@ -201,6 +201,13 @@ class Fleet:
             ok &= self.nvlinked(rows, shape.gpus)
         return ok
 
+    def untouched(self, rows: Array) -> Array:
+        """Per row: whether the node has GPUs and every one of them is wholly free (a whole free node, what a
+        job of all its GPUs needs)."""
+        gpu = self.gpu[rows]
+        out: Array = (self.ngpu[rows] > 0) & np.all((gpu == MILLI) | (gpu < 0), axis=1)
+        return out
+
     def free_gpus(self, node: int) -> list[int]:
         return [g for g in range(int(self.ngpu[node])) if self.gpu[node, g] == MILLI]
 

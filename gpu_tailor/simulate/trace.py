@@ -150,9 +150,11 @@ class RunResult:
 
 
 def replay(nodes: list[TraceNode], pods: list[TracePod], policy: str, seed: int, *, workload: str = "",
-           inflate: float = 1.3, topology: str = "none",
+           inflate: float = 1.3, topology: str = "none", keep_whole_nodes: bool = True,
            progress: Callable[[int, int], None] | None = None) -> RunResult:
-    """One run of one policy on one seed."""
+    """One run of one policy on one seed. ``extra["whole_nodes"]``: the 8-GPU nodes left whole and free (every
+    GPU idle) when 90% and 100% of the capacity has arrived; ``keep_whole_nodes=False`` replays ties as before
+    issue 28 (the node rank alone), to measure what keeping whole nodes costs."""
     if policy not in POLICIES:
         raise TraceError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     start = time.perf_counter()
@@ -164,6 +166,9 @@ def replay(nodes: list[TraceNode], pods: list[TracePod], policy: str, seed: int,
         trace_mix.observe(p.shape)
     engine: Policy = (FgdPolicy(fleet, seed, mix=trace_mix) if policy == "fgd"
                       else POLICIES[policy](fleet, seed))
+    engine.keep_whole_nodes = keep_whole_nodes
+    eight = np.flatnonzero(fleet.ngpu[: fleet.n] == 8)
+    whole: dict[str, int] = {}
     meter = FgdPolicy(fleet, seed, mix=trace_mix)  # fragmentation as the paper measures it
     sums: dict[int, float] = {}
     counts: dict[int, int] = {}
@@ -186,6 +191,9 @@ def replay(nodes: list[TraceNode], pods: list[TracePod], policy: str, seed: int,
                 topo = fleet.topologies[choice.node]
                 linked += bool(topo is not None and topo.all_nvlinked(choice.gpus))
         pct = math.floor(arrived * 100 / capacity + 0.5)
+        for mark in ("90", "100"):
+            if pct >= int(mark) and mark not in whole:
+                whole[mark] = int(fleet.untouched(eight).sum())
         sums[pct] = sums.get(pct, 0.0) + used * 100 / capacity
         counts[pct] = counts.get(pct, 0) + 1
         if pct == 100:
@@ -195,7 +203,8 @@ def replay(nodes: list[TraceNode], pods: list[TracePod], policy: str, seed: int,
             progress(t + 1, len(seq))
     alloc = _curve(sums, counts, math.floor(inflate * 100 + 0.5))
     frag = {"100": round(frag_sum / frag_n, 4)} if frag_n else {}
-    return RunResult(policy, workload, seed, alloc, frag, failed, time.perf_counter() - start, multi, linked)
+    return RunResult(policy, workload, seed, alloc, frag, failed, time.perf_counter() - start, multi, linked,
+                     {"whole_nodes": whole, "eight_gpu_nodes": len(eight)})
 
 
 def _curve(sums: dict[int, float], counts: dict[int, int], top: int) -> dict[str, float]:
