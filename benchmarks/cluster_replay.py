@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import random
 import sys
 import tempfile
@@ -68,17 +67,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, node_order, tie_order  # noqa: E402
-from gpu_tailor.gpumodel.fleet import MILLI, Fleet, Shape  # noqa: E402
+from gpu_tailor.gpumodel.fleet import MILLI  # noqa: E402
 from gpu_tailor.gpumodel.labels import POD_OPT_OUT_LABEL  # noqa: E402
-from gpu_tailor.gpumodel.policies import POLICIES, FgdPolicy, Mix, Policy  # noqa: E402
-from gpu_tailor.simulate.trace import TraceNode, TracePod, arrivals, build_fleet, load_nodes, load_pods  # noqa: E402
+from gpu_tailor.simulate.kube import Meter, SimNode, SimPod, sim_pod  # noqa: E402
+from gpu_tailor.simulate.kube import run as run_kube  # noqa: E402
+from gpu_tailor.simulate.trace import TraceNode, TracePod, arrivals, load_nodes, load_pods  # noqa: E402
 from tests.conftest import openb_dir  # noqa: E402
 from tests.e2e import services  # noqa: E402
 from tests.e2e.cluster import OPTED_IN, PLAIN, ControlPlane, Release, first_release  # noqa: E402
@@ -96,13 +94,6 @@ class Node:
     shared: bool
 
 
-@dataclass(frozen=True)
-class Pod:
-    name: str
-    shape: Shape  # GPU milli rounded to the replica size for fractional pods
-    replicas: int  # 0 unless fractional
-
-
 def scaled_nodes(scale: float, shared: float, seed: int) -> list[Node]:
     """``scale`` of each model's trace nodes (at least one), ``shared`` of those (rounded) time-sliced."""
     by_model: dict[str, list[TraceNode]] = {}
@@ -117,20 +108,11 @@ def scaled_nodes(scale: float, shared: float, seed: int) -> list[Node]:
     return out
 
 
-def trace_pods(replicas: int) -> list[Pod]:
-    step = MILLI // replicas
-    out = []
-    for p in load_pods(TRACE / "openb_pod_list_default.csv"):
-        s = p.shape
-        if s.gpus and s.milli < MILLI:
-            units = math.ceil(s.milli / step)
-            out.append(Pod(p.name, Shape(s.cpu, s.mem, 1, units * step, s.models), units))
-        else:
-            out.append(Pod(p.name, s, 0))
-    return out
+def trace_pods(replicas: int) -> list[SimPod]:
+    return [sim_pod(p, MILLI // replicas) for p in load_pods(TRACE / "openb_pod_list_default.csv")]
 
 
-def arrival_order(nodes: list[Node], pods: list[Pod], seed: int) -> list[Pod]:
+def arrival_order(nodes: list[Node], pods: list[SimPod], seed: int) -> list[SimPod]:
     """The simulator's arrival sequence for this cluster, up to 100.5% of its GPU capacity arrived."""
     capacity = sum(n.trace.gpus for n in nodes) * MILLI
     by_name = {p.name: p for p in pods}
@@ -141,160 +123,12 @@ def arrival_order(nodes: list[Node], pods: list[Pod], seed: int) -> list[Pod]:
         if arrived * 100 / capacity >= 100.5:
             break
         base = by_name.get(tp.name) or by_name[tp.name.split("-tuned-")[0]]
-        out.append(Pod(tp.name, tp.shape, base.replicas))
+        out.append(SimPod(tp.name, tp.shape, base.fractional))
     return out
 
 
-class Meter:
-    """alloc% at 100% arrived, as ``simulate.trace.replay`` computes its curve."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity, self.arrived, self.used = capacity, 0, 0
-        self.sum = 0.0
-        self.n = 0
-        self.failed = Counter[str]()
-        self.on_shared = Counter[str]()  # pods placed on time-sliced nodes, by kind
-        self.where: list[str | None] = []  # each arrival's node, None if dropped
-        self.disagree: list[tuple[int, str, str | None, list[str]]] = []  # see ``simulate(follow=...)``
-
-    def event(self, pod: Pod, node: str | None, shared: bool = False) -> None:
-        """One arrival, placed on ``node`` or dropped; ``shared``: the node is time-sliced."""
-        placed = node is not None
-        self.where.append(node)
-        self.on_shared[kind(pod)] += shared
-        self.arrived += pod.shape.gpu_milli
-        if placed:
-            self.used += pod.shape.gpu_milli
-        else:
-            self.failed[kind(pod)] += 1
-        if math.floor(self.arrived * 100 / self.capacity + 0.5) == 100:
-            self.sum += self.used * 100 / self.capacity
-            self.n += 1
-
-    @property
-    def alloc(self) -> float:
-        return self.sum / self.n if self.n else float("nan")
-
-
-def kind(pod: Pod) -> str:
-    s = pod.shape
-    return "cpu" if not s.gpus else "frac" if pod.replicas else "1gpu" if s.gpus == 1 else "multi"
-
-
-# ----- the simulator on the same nodes and arrivals -----
-# kube-scheduler v1.28's scoring, as the replay's two schedulers are configured. Only what differs
-# between nodes here is modelled: every node is untainted, unlabelled for affinity and holds no images,
-# and the replay's pods have no owners, so the remaining default plugins score every node alike.
-MAX_NODE_SCORE = 100
-GPU_WEIGHT = 10  # manifests/scheduler: NodeResourcesFit MostAllocated, cpu 1, memory 1, GPU resources 10
-MIN_FEASIBLE_NODES, MIN_FEASIBLE_PERCENT = 100, 5  # pkg/scheduler/schedule_one.go
-
-
-def nodes_to_score(n: int) -> int:
-    """How many feasible nodes kube-scheduler's default (adaptive) percentageOfNodesToScore looks for."""
-    if n < MIN_FEASIBLE_NODES:
-        return n
-    percent = max(50 - n // 125, MIN_FEASIBLE_PERCENT)
-    return max(n * percent // 100, MIN_FEASIBLE_NODES)
-
-
-class KubeModel:
-    """kube-scheduler's view of the fleet: CPU, memory and device-plugin units counted per node.
-
-    ``units``: free GPU units per row (idle GPUs on whole-GPU nodes, free replicas on time-sliced ones),
-    which is all kube-scheduler counts; the per-GPU picture stays in the fleet."""
-
-    def __init__(self, fleet: Fleet, rows: np.ndarray, nodes: list[Node], step: int, seed: int) -> None:
-        self.fleet, self.rows, self.step = fleet, rows, step
-        self.shared = np.array([n.shared for n in nodes])
-        self.cpu_cap, self.mem_cap = fleet.cpu[rows].copy(), fleet.mem[rows].copy()
-        self.unit_cap = np.array([n.trace.gpus * (MILLI // step if n.shared else 1) for n in nodes])
-        self.rng = random.Random(seed)
-        self.next_start = 0  # the default profile's round-robin start (percentageOfNodesToScore)
-
-    def units_free(self) -> np.ndarray:
-        gpu = self.fleet.gpu[self.rows]
-        per_replica = np.where(gpu > 0, gpu // self.step, 0).sum(axis=1)
-        idle = (gpu == MILLI).sum(axis=1)
-        out: np.ndarray = np.where(self.shared, per_replica, idle)
-        return out
-
-    def fits(self, pod: Pod) -> np.ndarray:
-        """kube-scheduler's NodeResourcesFit filter: CPU, memory and the pod's device-plugin resource."""
-        s = pod.shape
-        ok = (self.fleet.cpu[self.rows] >= s.cpu) & (self.fleet.mem[self.rows] >= s.mem)
-        if s.gpus:
-            ok &= (self.shared if pod.replicas else ~self.shared) & (self.units_free() >= units(pod))
-        out: np.ndarray = ok
-        return out
-
-    def _used(self, pod: Pod) -> tuple[np.ndarray, np.ndarray]:
-        s = self.pod_cpu_mem(pod)
-        return (self.cpu_cap - self.fleet.cpu[self.rows] + s[0], self.mem_cap - self.fleet.mem[self.rows] + s[1])
-
-    @staticmethod
-    def pod_cpu_mem(pod: Pod) -> tuple[int, int]:
-        # scoring counts a pod without requests as 100m CPU and 200 MiB (schedutil.GetNonzeroRequests)
-        return pod.shape.cpu or 100, pod.shape.mem or 200
-
-    def most_allocated(self, pod: Pod) -> np.ndarray:
-        """gpu-tailor-scheduler's NodeResourcesFit score (MostAllocated, GPU resources weighing 10)."""
-        cpu, mem = self._used(pod)
-        score = cpu * MAX_NODE_SCORE // self.cpu_cap + mem * MAX_NODE_SCORE // self.mem_cap
-        weights = 2
-        if pod.shape.gpus:
-            used = self.unit_cap - self.units_free() + units(pod)
-            score = score + GPU_WEIGHT * (used * MAX_NODE_SCORE // self.unit_cap)
-            weights += GPU_WEIGHT
-        out: np.ndarray = score // weights
-        return out
-
-    def default_profile(self, pod: Pod) -> np.ndarray:
-        """The default profile's NodeResourcesFit (LeastAllocated) plus NodeResourcesBalancedAllocation."""
-        cpu, mem = self._used(pod)
-        least = ((self.cpu_cap - cpu) * MAX_NODE_SCORE // self.cpu_cap
-                 + (self.mem_cap - mem) * MAX_NODE_SCORE // self.mem_cap) // 2
-        fc, fm = np.minimum(cpu / self.cpu_cap, 1.0), np.minimum(mem / self.mem_cap, 1.0)
-        balanced = ((1 - np.abs(fc - fm) / 2) * MAX_NODE_SCORE).astype(np.int64)
-        out: np.ndarray = least + balanced
-        return out
-
-    def pick(self, ok: np.ndarray, scores: np.ndarray) -> int:
-        """The row kube-scheduler binds among ``ok`` (indexes into ``rows``): best score, ties at random."""
-        best = np.flatnonzero(ok & (scores == scores[ok].max()))
-        return int(best[self.rng.randrange(len(best))])
-
-    def with_extender(self, engine: Policy, pod: Pod, weight: int) -> np.ndarray:
-        """The rows gpu-tailor-scheduler may bind (it picks one at random): the best totals of the
-        extender's prioritize (``extender_scores`` on the policy's scores, the extender's own code)
-        times ``weight`` plus MostAllocated. Among the nodes kube-scheduler's filter passes, the
-        extender's filter keeps those the policy fits, and for replicas also those with enough free
-        replicas on any GPUs (they score 0). Empty: the pod is unschedulable."""
-        offered = self.fits(pod)
-        at = self.rows[offered]
-        raw, _ = engine.node_scores(pod.shape, at)
-        fits = ~np.isnan(raw)
-        ext = extender_scores(raw, fits, tie_order(self.fleet, at, pod.shape.gpus > 0))
-        keep = fits | (pod.replicas > 0)
-        if not keep.any():
-            return np.zeros(0, np.int64)
-        total = ext * weight * (MAX_NODE_SCORE // MAX_SCORE) + self.most_allocated(pod)[offered]
-        best: np.ndarray = at[np.flatnonzero(keep & (total == total[keep].max()))]
-        return best
-
-    def sample(self, ok: np.ndarray) -> np.ndarray:
-        """The default profile scores only the first ``nodes_to_score`` feasible nodes, searching from
-        where the last search stopped (in the order nodes joined)."""
-        n, want = len(ok), nodes_to_score(len(ok))
-        order = (np.arange(n) + self.next_start) % n
-        hits = np.flatnonzero(ok[order])
-        if len(hits) <= want:  # every node was searched: the next search starts where this one did
-            return ok
-        last = int(hits[want - 1])
-        self.next_start = (self.next_start + last + 1) % n
-        kept = np.zeros(n, bool)
-        kept[order[hits[:want]]] = True
-        return kept
+def kind(pod: SimPod) -> str:
+    return pod.kind
 
 
 def manifest_weight() -> int:
@@ -305,74 +139,20 @@ def manifest_weight() -> int:
     return weight
 
 
-def units(pod: Pod) -> int:
-    return pod.replicas or pod.shape.gpus
+def sim_nodes(nodes: list[Node], step: int) -> list[SimNode]:
+    """The nodes as the simulator's kube-scheduler model takes them, under their control-plane names."""
+    return [SimNode(TraceNode(node_name(n), n.trace.cpu, n.trace.mem, n.trace.gpus, n.trace.model),
+                    MILLI // step if n.shared else 0) for n in nodes]
 
 
-def place(fleet: Fleet, at: int, pod: Pod, step: int, gpus: tuple[int, ...]) -> None:
-    """What the bind leaves on the node. Replicas as the extender records them (``Replicas.fit``): one
-    at a time, each on the fitting GPU with the least free compute, lowest index on ties."""
-    if not pod.replicas:
-        fleet.take(at, pod.shape, gpus)
-        return
-    fleet.take(at, Shape(pod.shape.cpu, pod.shape.mem), ())
-    for _ in range(pod.replicas):
-        free = fleet.gpu[at, : fleet.ngpu[at]]
-        g = min((int(f), i) for i, f in enumerate(free) if f >= step)[1]
-        fleet.take(at, Shape(0, 0, 1, step), (g,))
-
-
-def simulate(nodes: list[Node], seq: list[Pod], all_pods: list[Pod], policy: str, seed: int, step: int,
+def simulate(nodes: list[Node], seq: list[SimPod], all_pods: list[SimPod], policy: str, seed: int, step: int,
              weight: int, cpu_spread: bool = False, follow: list[str | None] | None = None) -> Meter:
-    """One policy over the fleet, with kube-scheduler's part modelled as ``KubeModel`` does.
-
-    ``policy`` ``kube-default``: kube-scheduler alone (default profile). Otherwise the policy as the
-    extender runs it, under gpu-tailor-scheduler's profile with the extender at ``weight``
-    (``KubeModel.with_extender``). ``cpu_spread``: CPU-only pods go to the cluster's default profile
-    instead. ``follow``: a real run's node per arrival; each pod goes where the real one went, and
-    ``Meter.disagree`` lists the pods the real run placed where the model would not (the real node not
-    among its best, or placed where the model finds no room, or dropped where it finds some)."""
-    fleet = build_fleet([n.trace for n in nodes], "none", seed)
-    rows = fleet.rows()
-    fleet.rank[rows] = [node_order(node_name(n)) for n in nodes]  # the extender's tie-break, by node name
-    kube = KubeModel(fleet, rows, nodes, step, seed)
-    index = {node_name(n): i for i, n in enumerate(nodes)}
-    mix = Mix()
-    for p in all_pods:
-        mix.observe(p.shape)
-    engine: Policy | None = None
-    if policy != "kube-default":
-        engine = FgdPolicy(fleet, seed, mix=mix) if policy == "fgd" else POLICIES[policy](fleet, seed)
-    meter = Meter(fleet.capacity_milli())
-    for i, pod in enumerate(seq):
-        shape = pod.shape
-        at: int | None = None
-        elsewhere = engine is None or (cpu_spread and not shape.gpus)  # kube-scheduler alone places it
-        if not elsewhere:  # the extender learns the mix from the pods it is asked about (extender/cache.py)
-            engine.observe(shape)
-        if elsewhere:
-            ok = kube.fits(pod)
-            if ok.any():
-                scored = kube.sample(ok)
-                at = int(rows[kube.pick(scored, kube.default_profile(pod))])
-        else:
-            best = kube.with_extender(engine, pod, weight)
-            at = int(best[kube.rng.randrange(len(best))]) if len(best) else None
-            if follow is not None:
-                real = None if follow[i] is None else index[follow[i]]
-                if real != at and not (real is not None and real in best):
-                    meter.disagree.append((i, kind(pod), follow[i], [node_name(nodes[b]) for b in best[:3]]))
-        if follow is not None:
-            at = None if follow[i] is None else index[follow[i]]
-        if at is not None:
-            gpus: tuple[int, ...] = ()
-            if shape.gpus and not pod.replicas:
-                gpus = engine.whole_gpus(at, shape) if engine is not None else tuple(fleet.free_gpus(at)[: shape.gpus])
-            place(fleet, at, pod, step, gpus)
-            if engine is not None:
-                engine.placed(at, shape)
-        meter.event(pod, None if at is None else node_name(nodes[at]), at is not None and nodes[at].shared)
-    return meter
+    """One policy over the fleet with kube-scheduler modelled (``gpu_tailor.simulate.kube.run``, what ``gpu-tailor
+    simulate --scheduler`` runs): ``kube-default`` is kube-scheduler alone, any other policy runs in the extender
+    under gpu-tailor-scheduler's profile at ``weight``. ``follow``: a real run's node per arrival (see ``run``)."""
+    scheduler = "kube-default" if policy == "kube-default" else "gpu-tailor"
+    return run_kube(sim_nodes(nodes, step), seq, scheduler, seed, policy=policy, mix=all_pods, weight=weight,
+                    cpu_spread=cpu_spread, follow=follow)
 
 
 def node_name(n: Node) -> str:
@@ -401,8 +181,9 @@ def node_object(n: Node, replicas: int) -> tuple[dict[str, Any], dict[str, Any]]
     return obj, status
 
 
-def pod_object(pod: Pod, i: int, scheduler: str | None, skip: bool = False) -> dict[str, Any]:
-    """The pod as created; ``skip``: labelled so that the webhook leaves it alone."""
+def pod_object(pod: SimPod, i: int, scheduler: str | None, replicas: int, skip: bool = False) -> dict[str, Any]:
+    """The pod as created (``replicas`` per GPU on the time-sliced nodes); ``skip``: labelled so that the webhook
+    leaves it alone."""
     s = pod.shape
     requests: dict[str, str] = {}
     if s.cpu:
@@ -410,8 +191,8 @@ def pod_object(pod: Pod, i: int, scheduler: str | None, skip: bool = False) -> d
     if s.mem:
         requests["memory"] = f"{s.mem}Mi"
     limits: dict[str, str] = {}
-    if pod.replicas:
-        limits["nvidia.com/gpu.shared"] = str(pod.replicas)
+    if pod.fractional:
+        limits["nvidia.com/gpu.shared"] = str(s.milli * replicas // MILLI)
     elif s.gpus:
         limits["nvidia.com/gpu"] = str(s.gpus)
     requests |= limits
@@ -483,7 +264,7 @@ class Outcomes:
                     self.reasons[f"{self.kinds.get(name)}: {cond[0].get('message', '')[:300]}"] += 1
 
 
-async def replay_real(api: Api, namespace: str, scheduler: str | None, seq: list[Pod], capacity: int,
+async def replay_real(api: Api, namespace: str, scheduler: str | None, seq: list[SimPod], capacity: int, replicas: int,
                       label: str, verbose: bool = True, skip_cpu_only: bool = False) -> tuple[Meter, float]:
     listed = await api.call("GET", f"/api/v1/namespaces/{namespace}/pods")
     outcomes = Outcomes()
@@ -492,7 +273,7 @@ async def replay_real(api: Api, namespace: str, scheduler: str | None, seq: list
     t0 = time.monotonic()
     try:
         for i, pod in enumerate(seq):
-            obj = pod_object(pod, i, scheduler, skip=skip_cpu_only and not pod.shape.gpus)
+            obj = pod_object(pod, i, scheduler, replicas, skip=skip_cpu_only and not pod.shape.gpus)
             fut = outcomes.expect(obj["metadata"]["name"])
             outcomes.kinds[obj["metadata"]["name"]] = kind(pod)
             await api.call("POST", f"/api/v1/namespaces/{namespace}/pods", obj)
@@ -528,7 +309,7 @@ async def clear(api: Api, namespace: str) -> None:
 RUNS = ("tailor", "legacy", "alone")  # the order they run in on one control plane
 
 
-async def real_runs(kube: Kube, nodes: list[Node], seq: list[Pod], replicas: int, fixture_nodes: list[str],
+async def real_runs(kube: Kube, nodes: list[Node], seq: list[SimPod], replicas: int, fixture_nodes: list[str],
                     runs: list[str], fresh_extender: Callable[[], None]) -> dict[str, tuple[Meter, float]]:
     """The runs one after another; before each GPU run the extender is restarted (``fresh_extender``),
     so that it starts with no pod mix learnt, as the simulator does, not with the last run's."""
@@ -547,17 +328,18 @@ async def real_runs(kube: Kube, nodes: list[Node], seq: list[Pod], replicas: int
             if run != "alone" and out:
                 await asyncio.to_thread(fresh_extender)
             if run == "tailor":  # as deployed: no schedulerName, the webhook sends every pod to gpu-tailor
-                out[run] = await replay_real(api, OPTED_IN, None, seq, capacity, "gpu-tailor")
+                out[run] = await replay_real(api, OPTED_IN, None, seq, capacity, replicas, "gpu-tailor")
             elif run == "legacy":  # CPU-only pods opt out of the webhook and go to the cluster's scheduler
-                out[run] = await replay_real(api, OPTED_IN, None, seq, capacity, "gpu-tailor, CPU-only pods skip",
-                                             skip_cpu_only=True)
+                out[run] = await replay_real(api, OPTED_IN, None, seq, capacity, replicas,
+                                             "gpu-tailor, CPU-only pods skip", skip_cpu_only=True)
             else:
-                out[run] = await replay_real(api, PLAIN, "default-scheduler", seq, capacity, "kube-scheduler alone")
+                out[run] = await replay_real(api, PLAIN, "default-scheduler", seq, capacity, replicas,
+                                             "kube-scheduler alone")
             await clear(api, PLAIN if run == "alone" else OPTED_IN)
     return out
 
 
-def on_control_plane(nodes: list[Node], seq: list[Pod], replicas: int, runs: list[str],
+def on_control_plane(nodes: list[Node], seq: list[SimPod], replicas: int, runs: list[str],
                      weight: int | None, release: Release) -> dict[str, tuple[Meter, float]]:
     """A fresh control plane of ``release`` with gpu-tailor as tests/e2e runs it from ``manifests/``
     (``weight``: the extender's, instead of the manifest's)."""

@@ -118,6 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--plot", metavar="FILE.png",
                     help="write the allocation curve plot here (needs: pip install 'gpu-tailor[plot]')")
     si.add_argument("--workers", type=int, default=1, help="parallel runs")
+    si.add_argument("--scheduler", action="append", metavar="NAME", choices=("kube-default", "gpu-tailor"),
+                    help="replay through a model of kube-scheduler: kube-default (the cluster's scheduler alone) or "
+                         "gpu-tailor (gpu-tailor-scheduler with the extender, running --policy, default tailor); "
+                         "repeatable; both when --cluster-file is given")
+    si.add_argument("--cluster-file", metavar="DUMP",
+                    help="simulate on this cluster's nodes (kubectl get nodes,pods,namespaces -A -o json), empty, with "
+                         "a workload drawn from its pods (or from --trace/--pods)")
+    si.add_argument("--time-sliced", type=float, default=0.3, metavar="SHARE",
+                    help="with --scheduler on trace or generated nodes: this share of each model's nodes time-sliced")
+    si.add_argument("--replicas", type=int, default=20, help="with --time-sliced: replicas per GPU")
+    si.add_argument("--extender-weight", type=int, metavar="N",
+                    help="with --scheduler gpu-tailor: the extender's weight (default: 11, as manifests/scheduler "
+                         "ships it)")
     si.add_argument("--inventory", action="store_true",
                     help="print the parsed GPU inventory of the bundled example nodes and exit")
     tr = sub.add_parser("trace", help="get the openb trace, or write the generated workload as CSV",

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from importlib import resources
 from pathlib import Path
@@ -17,7 +19,10 @@ from gpu_tailor.gpumodel.fleet import MILLI
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
 from gpu_tailor.gpumodel.policies import POLICIES
 from gpu_tailor.simulate import synthetic
+from gpu_tailor.simulate.cluster import from_dump
 from gpu_tailor.simulate.headroom import Headroom, headroom
+from gpu_tailor.simulate.kube import DEFAULT_EXTENDER_WEIGHT, SCHEDULERS, Meter, SimNode, sim_pod
+from gpu_tailor.simulate.kube import run as run_kube
 from gpu_tailor.simulate.trace import (
     RunResult,
     TraceError,
@@ -160,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
     if args.inventory:
         print(inventory_table(bundled_nodes()))
         return 0
+    if args.scheduler or args.cluster_file:
+        return run_scheduled(args)
     try:
         if args.plot:
             check_plot_available()
@@ -241,3 +248,105 @@ def inventory_table(nodes: list[NodeInventory]) -> str:
         rows.append((n.name, n.model or "-", str(n.gpu_count), f"{n.gpu_memory_mib / 1024:.0f}", health, offers))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
+
+
+def time_sliced(nodes: list[TraceNode], share: float, replicas: int, seed: int) -> list[SimNode]:
+    """``share`` of each GPU model's nodes (rounded, picked with ``seed``) time-sliced with ``replicas`` per GPU;
+    the device plugin sells a node's GPUs either whole or as replicas, never both."""
+    by_model: dict[str, list[int]] = defaultdict(list)
+    for i, n in enumerate(nodes):
+        if n.gpus:
+            by_model[n.model].append(i)
+    rng = random.Random(seed)
+    shared: set[int] = set()
+    for model in sorted(by_model):
+        picked = list(by_model[model])
+        rng.shuffle(picked)
+        shared.update(picked[: round(len(picked) * share)])
+    return [SimNode(n, replicas if i in shared else 0) for i, n in enumerate(nodes)]
+
+
+def scheduled_table(runs: list[tuple[str, str, int, Meter]], top: int, largest: int) -> str:
+    groups: dict[tuple[str, str], list[Meter]] = defaultdict(list)
+    for scheduler, policy, _, meter in runs:
+        groups[(scheduler, policy)].append(meter)
+    header = ["scheduler", "policy", "seeds", "alloc@90%", "alloc@100%", f"alloc@{top}%", "failed pods",
+              f"whole {largest}-GPU nodes free @90% / @100%"]
+    rows = [header]
+    for (scheduler, policy), ms in groups.items():
+        curves = [m.curve(top) for m in ms]
+        failed = Counter[str]()
+        for m in ms:
+            failed.update(m.failed)
+        kinds = ", ".join(f"{k} {failed[k] / len(ms):g}" for k in ("frac", "1gpu", "multi", "cpu") if failed[k])
+        whole = [f"{mean(m.whole_nodes.get(mark, 0) for m in ms):.1f}" for mark in ("90", "100")]
+        rows.append([scheduler, policy or "-", str(len(ms)),
+                     f"{mean(c['90'] for c in curves):.2f}", f"{mean(c['100'] for c in curves):.2f}",
+                     f"{mean(c[str(top)] for c in curves):.2f}", kinds or "none", " / ".join(whole)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    cells = (enumerate(zip(r, widths, strict=True)) for r in rows)
+    lines = ("  ".join(c.rjust(w) if 2 <= i <= 5 else c.ljust(w) for i, (c, w) in row) for row in cells)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def run_scheduled(args: argparse.Namespace) -> int:
+    """``simulate --scheduler``: kube-scheduler alone against kube-scheduler with gpu-tailor (``simulate.kube``),
+    on a cluster dump's nodes, or the trace's or generated nodes with a share of them time-sliced."""
+    try:
+        schedulers = args.scheduler or list(SCHEDULERS)
+        unknown = [s for s in schedulers if s not in SCHEDULERS]
+        if unknown:
+            raise TraceError(f"unknown scheduler {', '.join(unknown)}; choose from {', '.join(SCHEDULERS)}")
+        policies = args.policy or ["tailor"]
+        unknown = [p for p in policies if p not in POLICIES]
+        if unknown:
+            raise TraceError(f"unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
+        seeds = parse_seeds(args.seeds)
+        if not 0.1 <= args.inflate <= 5:
+            raise TraceError("--inflate: expected a factor between 0.1 and 5")
+        if not 0 <= args.time_sliced <= 1 or args.replicas < 2:
+            raise TraceError("--time-sliced: a share between 0 and 1; --replicas: at least 2")
+        weight = DEFAULT_EXTENDER_WEIGHT if args.extender_weight is None else args.extender_weight
+        if weight < 1:
+            raise TraceError("--extender-weight: at least 1")
+        notes: list[str] = []
+        if args.cluster_file:
+            dumped = from_dump(args.cluster_file)
+            nodes, notes = dumped.nodes, dumped.notes()
+            if args.trace or args.pods:
+                template, workload = pods_of(sources(args)[1])
+            else:
+                template, workload = dumped.pods, f"the {len(dumped.pods)} pods of {args.cluster_file}"
+        else:
+            nodes_src, pods_src = sources(args)
+            nodes = time_sliced(nodes_of(nodes_src), args.time_sliced, args.replicas, seeds[0])
+            template, workload = pods_of(pods_src)
+        if not any(p.shape.gpus for p in template):
+            raise TraceError(f"{workload}: no pod asks for a GPU, nothing to draw a GPU workload from "
+                             "(--trace DIR or --pods CSV give one)")
+    except TraceError as exc:
+        print(f"gpu-tailor simulate: {exc}", file=sys.stderr)
+        return 2
+    counts = {n.replicas for n in nodes if n.shared}
+    step = MILLI // counts.pop() if len(counts) == 1 else 0  # one pool size: shares rounded to whole replicas
+    capacity = sum(n.node.gpus for n in nodes) * MILLI
+    largest = max(n.node.gpus for n in nodes)
+    shared = sum(n.shared for n in nodes)
+    print(f"{len(nodes)} nodes ({sum(1 for n in nodes if n.node.gpus)} with GPUs, {shared} of them time-sliced or "
+          f"MPS), {capacity // MILLI} GPUs; pods drawn from {workload} up to {args.inflate:g} x the GPU capacity; "
+          f"gpu-tailor's extender at weight {weight}")
+    for note in notes:
+        print(f"  {note}")
+    mix = [sim_pod(p, step) for p in template]
+    runs: list[tuple[str, str, int, Meter]] = []
+    for seed in seeds:
+        seq = [sim_pod(p, step) for p in arrivals(template, seed, capacity, args.inflate)]
+        for scheduler in schedulers:
+            for policy in policies if scheduler == "gpu-tailor" else [""]:
+                meter = run_kube(nodes, seq, scheduler, seed, policy=policy or "tailor", mix=mix,
+                                 weight=weight)
+                runs.append((scheduler, policy, seed, meter))
+    print(scheduled_table(runs, math.floor(args.inflate * 100 + 0.5), largest))
+    print("alloc: GPUs allocated, % of capacity, when that much of it has arrived; pods never leave, and a pod that "
+          "fits nowhere is dropped; kube-scheduler picks among equal scores at random (one draw per seed)")
+    return 0
