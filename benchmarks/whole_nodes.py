@@ -20,17 +20,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.conftest, for where the trace is
 
 from gpu_tailor.simulate.cli import OPENB_NODES, openb_pods, parse_seeds
-from gpu_tailor.simulate.trace import load_nodes, load_pods, replay
+from gpu_tailor.simulate.trace import load_nodes, load_pods, parse_prior, replay
 from tests.conftest import openb_dir
 
+Row = tuple[str, int, str, float, float, int, int, int]
 
-def one(job: tuple[str, int, bool]) -> tuple[str, int, bool, float, float, int, int, int]:
-    workload, seed, keep = job
+
+def one(job: tuple[str, int, str]) -> Row:
+    workload, seed, ties = job
     trace = openb_dir()
+    name, _, prior = ties.partition("@")  # whole@100:0.002: a prior of weight 100 and floor 0.2%
     r = replay(load_nodes(trace / OPENB_NODES), load_pods(trace / openb_pods(workload)), "tailor", seed,
-               workload=workload, keep_whole_nodes=keep)
+               workload=workload, ties=name, prior=parse_prior(prior) if prior else None)
     whole = r.extra["whole_nodes"]
-    return (workload, seed, keep, r.alloc["90"], r.alloc["100"], whole.get("90", 0), whole.get("100", 0),
+    return (workload, seed, ties, r.alloc["90"], r.alloc["100"], whole.get("90", 0), whole.get("100", 0),
             r.extra["eight_gpu_nodes"])
 
 
@@ -39,25 +42,24 @@ def main() -> None:
     ap.add_argument("--workloads", default="default,multigpu20,gpuspec10,gpushare20")
     ap.add_argument("--seeds", default="42-51")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--ties", default="rank,whole,multi-blocks", help="rank: the node rank alone (before issue 28); "
+                    "whole: a used node before a whole free one; blocks: then the largest free block and the GPUs "
+                    "stranded; multi-blocks: those for multi-GPU pods only; NAME@W:F adds a prior of weight W, floor "
+                    "F (gpumodel.policies.fgd.Prior)")
     a = ap.parse_args()
-    jobs = [(w, s, k) for w in a.workloads.split(",") for s in parse_seeds(a.seeds) for k in (False, True)]
+    variants = a.ties.split(",")
+    jobs = [(w, s, t) for w in a.workloads.split(",") for s in parse_seeds(a.seeds) for t in variants]
     with ProcessPoolExecutor(a.workers) as pool:
         results = list(pool.map(one, jobs))
-    print(f"tailor on openb, seeds {a.seeds}: mean alloc% and whole free 8-GPU nodes, ties as before -> as now")
-    print(f"{'workload':<12} {'alloc@90':>22} {'alloc@100':>22} {'whole@90':>16} {'whole@100':>16}")
+    print(f"tailor on openb, seeds {a.seeds}: mean alloc% and whole free 8-GPU nodes, ties {' / '.join(variants)}")
+    print(f"{'workload':<12} {'alloc@90':>24} {'alloc@100':>24} {'whole@90':>20} {'whole@100':>20}")
     for w in a.workloads.split(","):
-        rows = {k: [r for r in results if r[0] == w and r[2] is k] for k in (False, True)}
-
-        def mean(k: bool, i: int, rows: dict[bool, list[tuple[str, int, bool, float, float, int, int, int]]] = rows
-                 ) -> float:
-            return statistics.fmean(r[i] for r in rows[k])
-
         cells = []
         for i, digits in ((3, 2), (4, 2), (5, 1), (6, 1)):
-            before, after = mean(False, i), mean(True, i)
-            cells.append(f"{before:.{digits}f} -> {after:.{digits}f} ({after - before:+.{digits}f})")
-        eight = rows[True][0][7]
-        print(f"{w:<12} {cells[0]:>22} {cells[1]:>22} {cells[2]:>16} {cells[3]:>16}  (of {eight})")
+            means = [statistics.fmean(r[i] for r in results if r[0] == w and r[2] == t) for t in variants]
+            cells.append(" / ".join(f"{m:.{digits}f}" for m in means))
+        eight = next(r[7] for r in results if r[0] == w)
+        print(f"{w:<12} {cells[0]:>24} {cells[1]:>24} {cells[2]:>20} {cells[3]:>20}  (of {eight})")
 
 
 if __name__ == "__main__":

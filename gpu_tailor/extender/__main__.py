@@ -7,13 +7,24 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.server import DEFAULT_MAX_BODY, make_app, watch_ctx
+from gpu_tailor.gpumodel.policies import Prior, configure
 from gpu_tailor.serving import CertReloader, serve_until_stopped, split_listen, tls_context
+
+
+class PriorSettings(BaseModel):
+    """``prior:`` whole-node jobs the learnt pod mix counts before any arrives (``gpumodel.policies.fgd.Prior``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    weight: float = Field(default=0.0, ge=0, le=1e6)  # how many pods they count as at the start
+    floor: float = Field(default=0.0, ge=0, lt=1)  # the share of the mix they keep
+    minGpus: int = Field(default=8, ge=2, le=64)  # node sizes (GPUs) that get a whole-node job
 
 
 class Settings(BaseModel):
@@ -21,6 +32,14 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     maxBodyMiB: int = Field(default=DEFAULT_MAX_BODY // 2**20, ge=1, le=1024)
+    # placements the policy scores alike: rank | whole | blocks | multi-blocks (gpumodel.policies.TIES)
+    ties: Literal["rank", "whole", "blocks", "multi-blocks"] = "multi-blocks"
+    prior: PriorSettings = Field(default_factory=PriorSettings)
+
+    def apply(self, cache: Cache) -> None:
+        """The tie-break and the prior, on the cache's policy."""
+        p = self.prior
+        configure(cache.policy, self.ties, Prior(p.weight, p.floor, p.minGpus))
 
 
 def load_settings(path: str | None) -> Settings:
@@ -39,6 +58,7 @@ def load_settings(path: str | None) -> Settings:
 async def serve(args: argparse.Namespace) -> None:
     settings = load_settings(args.config)
     cache = Cache()
+    settings.apply(cache)
     if args.cluster_file:
         from gpu_tailor.kube.clusterfile import load_cluster
 

@@ -34,7 +34,7 @@ import hashlib
 
 import numpy as np
 
-from gpu_tailor.gpumodel.fleet import Array, Fleet
+from gpu_tailor.gpumodel.fleet import Array, Fleet, Shape
 
 MAX_SCORE = 10  # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
 
@@ -45,14 +45,19 @@ def node_order(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=7).digest(), "big")
 
 
-def tie_order(fleet: Fleet, rows: Array, gpu: bool, whole_gpus: bool = False) -> Array:
-    """The tie-break key per row (lower first): for a GPU pod ``node_order`` (kept in ``fleet.rank``, below 2**56),
-    and for a pod of whole GPUs nodes in use before whole free ones first (never break a whole node blindly: the
-    next job of all its GPUs needs one; ``Policy.keep_whole_nodes``, as the simulator places); for a pod without
-    GPUs 0 on nodes without GPUs and 1 elsewhere, so their CPU goes to GPU nodes only when the policy has a
-    reason."""
+def tie_order(fleet: Fleet, rows: Array, gpu: bool, whole: Shape | None = None, keys: str = "whole") -> Array:
+    """The tie-break key per row (lower first). For a GPU pod ``node_order`` (kept in ``fleet.rank``); for a pod of
+    whole GPUs (``whole``, its shape) first ``Fleet.ties`` with ``keys`` (``Policy.tie_keys``): a node in use before
+    a whole free one (never break a whole node blindly: the next job of all its GPUs needs one), and the finer keys,
+    as the simulator places (``Policy.choose``). For a pod without GPUs 0 on nodes without GPUs and 1 elsewhere, so
+    their CPU goes to GPU nodes only when the policy has a reason."""
     if gpu:
-        out: Array = fleet.rank[rows] + (fleet.untouched(rows).astype(np.int64) << 56 if whole_gpus else 0)
+        rank: Array = fleet.rank[rows]
+        if whole is None or whole.gpus <= 0 or whole.sharing:
+            return rank
+        order = np.lexsort((rank, fleet.ties(rows, whole, keys)))
+        out = np.empty(len(rows), np.int64)
+        out[order] = np.arange(len(rows))
         return out
     has: Array = (fleet.ngpu[rows] > 0).astype(np.int64)
     return has

@@ -276,8 +276,9 @@ def _prioritize_known(snap: Snapshot, names: list[str], demand: Demand) -> list[
     degraded = snap.degraded
     if degraded:
         ok &= np.array([n not in degraded for n in known], bool)  # degraded nodes last
-    whole = bool(demand.gpu) and shape.gpus > 0 and not shape.sharing
-    final = extender_scores(scores, ok, tie_order(snap.fleet, rows, demand.gpu, whole))  # by rank: no outlier squeezes
+    policy = snap.policy
+    whole = shape if policy.keep_whole_nodes else None
+    final = extender_scores(scores, ok, tie_order(snap.fleet, rows, demand.gpu, whole, policy.tie_keys))  # by rank
     if len(known) == len(names):  # every candidate known, in order
         return [{"Host": n, "Score": v} for n, v in zip(names, final.tolist(), strict=True)]
     by_name = dict(zip(known, final.tolist(), strict=True))

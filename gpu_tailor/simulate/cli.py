@@ -31,6 +31,7 @@ from gpu_tailor.simulate.trace import (
     arrivals,
     load_nodes,
     load_pods,
+    parse_prior,
     replay,
 )
 
@@ -79,10 +80,11 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def _one(job: tuple[str, str, str, int, float, str]) -> RunResult:
-    nodes_src, pods_src, policy, seed, inflate, topology = job
+def _one(job: tuple[str, str, str, int, float, str, str, str]) -> RunResult:
+    nodes_src, pods_src, policy, seed, inflate, topology, ties, prior = job
     pods, workload = pods_of(pods_src)
-    return replay(nodes_of(nodes_src), pods, policy, seed, workload=workload, inflate=inflate, topology=topology)
+    return replay(nodes_of(nodes_src), pods, policy, seed, workload=workload, inflate=inflate, topology=topology,
+                  ties=ties, prior=parse_prior(prior) if prior else None)
 
 
 def table(results: list[RunResult], topology: str, refs: list[Headroom] | None = None) -> str:
@@ -181,7 +183,10 @@ def run(args: argparse.Namespace) -> int:
         nodes, (pods, _) = nodes_of(nodes_src), pods_of(pods_src)  # fail fast on bad input
         gpus = sum(n.gpus for n in nodes)
         refs = [headroom((p.shape for p in arrivals(pods, s, gpus * MILLI, args.inflate)), nodes) for s in seeds]
-        jobs = [(nodes_src, pods_src, p, s, args.inflate, args.topology) for p in policies for s in seeds]
+        if args.prior:
+            parse_prior(args.prior)  # a bad --prior says so before any replay
+        jobs = [(nodes_src, pods_src, p, s, args.inflate, args.topology, args.ties, args.prior or "")
+                for p in policies for s in seeds]
         results: list[RunResult] = []
         with progress_bar(len(jobs)) as bar:
             if args.workers > 1 and len(jobs) > 1:
@@ -278,7 +283,8 @@ def scheduled_table(runs: list[tuple[str, str, int, Meter]], top: int, largest: 
         failed = Counter[str]()
         for m in ms:
             failed.update(m.failed)
-        kinds = ", ".join(f"{k} {failed[k] / len(ms):g}" for k in ("frac", "1gpu", "multi", "cpu") if failed[k])
+        kinds = ", ".join(f"{k} {failed[k] / len(ms):.1f}".removesuffix(".0") for k in ("frac", "1gpu", "multi", "cpu")
+                          if failed[k])
         whole = [f"{mean(m.whole_nodes.get(mark, 0) for m in ms):.1f}" for mark in ("90", "100")]
         rows.append([scheduler, policy or "-", str(len(ms)),
                      f"{mean(c['90'] for c in curves):.2f}", f"{mean(c['100'] for c in curves):.2f}",
@@ -306,13 +312,14 @@ def run_scheduled(args: argparse.Namespace) -> int:
             raise TraceError("--inflate: expected a factor between 0.1 and 5")
         if not 0 <= args.time_sliced <= 1 or args.replicas < 2:
             raise TraceError("--time-sliced: a share between 0 and 1; --replicas: at least 2")
+        prior = parse_prior(args.prior) if args.prior else None
         weight = DEFAULT_EXTENDER_WEIGHT if args.extender_weight is None else args.extender_weight
         if weight < 1:
             raise TraceError("--extender-weight: at least 1")
         notes: list[str] = []
         if args.cluster_file:
             dumped = from_dump(args.cluster_file)
-            nodes, notes = dumped.nodes, dumped.notes()
+            nodes, notes = dumped.nodes, dumped.notes(pods=not (args.trace or args.pods))
             if args.trace or args.pods:
                 template, workload = pods_of(sources(args)[1])
             else:
@@ -344,7 +351,7 @@ def run_scheduled(args: argparse.Namespace) -> int:
         for scheduler in schedulers:
             for policy in policies if scheduler == "gpu-tailor" else [""]:
                 meter = run_kube(nodes, seq, scheduler, seed, policy=policy or "tailor", mix=mix,
-                                 weight=weight)
+                                 weight=weight, ties=args.ties, prior=prior)
                 runs.append((scheduler, policy, seed, meter))
     print(scheduled_table(runs, math.floor(args.inflate * 100 + 0.5), largest))
     print("alloc: GPUs allocated, % of capacity, when that much of it has arrived; pods never leave, and a pod that "

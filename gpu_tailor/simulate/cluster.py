@@ -38,9 +38,11 @@ class Dumped:
     left_out_nodes: dict[str, str] = field(default_factory=dict)  # node -> why
     left_out_pods: Counter[str] = field(default_factory=Counter)  # why -> how many
 
-    def notes(self) -> list[str]:
+    def notes(self, pods: bool = True) -> list[str]:
+        """What was left out, for people; ``pods``: the workload is drawn from the dump's pods."""
         out = [f"node {n} left out: {why}" for n, why in sorted(self.left_out_nodes.items())]
-        out += [f"{k} pod(s) left out of the workload: {why}" for why, k in sorted(self.left_out_pods.items())]
+        if pods:
+            out += [f"{k} pod(s) left out of the workload: {why}" for why, k in sorted(self.left_out_pods.items())]
         return out
 
 

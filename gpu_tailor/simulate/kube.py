@@ -31,7 +31,7 @@ import numpy as np
 
 from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, node_order, tie_order
 from gpu_tailor.gpumodel.fleet import MILLI, Fleet, Shape
-from gpu_tailor.gpumodel.policies import POLICIES, FgdPolicy, Mix, Policy
+from gpu_tailor.gpumodel.policies import POLICIES, TIES, FgdPolicy, Mix, Policy, Prior, configure
 from gpu_tailor.simulate.trace import TraceNode, TracePod, _curve, build_fleet
 
 SCHEDULERS = ("kube-default", "gpu-tailor")
@@ -176,7 +176,8 @@ class KubeModel:
             return at[keep], False
         engine.observe(s)
         raw, _ = engine.node_scores(s, at)
-        ext = extender_scores(raw, ~np.isnan(raw), tie_order(self.fleet, at, s.gpus > 0, s.gpus > 0 and not s.sharing))
+        whole = s if engine.keep_whole_nodes else None
+        ext = extender_scores(raw, ~np.isnan(raw), tie_order(self.fleet, at, s.gpus > 0, whole, engine.tie_keys))
         total = ext * weight * (MAX_NODE_SCORE // MAX_SCORE) + self.most_allocated(pod)[offered]
         best: np.ndarray = at[np.flatnonzero(keep & (total == total[keep].max()))]
         return best, True
@@ -252,7 +253,7 @@ class Meter:
 
 def run(nodes: list[SimNode], seq: list[SimPod], scheduler: str, seed: int, *, policy: str = "tailor",
         mix: list[SimPod] | None = None, weight: int = DEFAULT_EXTENDER_WEIGHT, cpu_spread: bool = False,
-        follow: list[str | None] | None = None) -> Meter:
+        follow: list[str | None] | None = None, ties: str = TIES[-1], prior: Prior | None = None) -> Meter:
     """``seq`` arriving one by one (never leaving) on empty ``nodes``, placed by ``scheduler``.
 
     ``kube-default``: kube-scheduler alone. ``gpu-tailor``: ``policy`` as the extender runs it, under
@@ -260,6 +261,7 @@ def run(nodes: list[SimNode], seq: list[SimPod], scheduler: str, seed: int, *, p
     is asked about, as the extender does, and FGD takes ``mix`` (default: ``seq``) as its known workload.
     The policy learns its mix as the extender does: from each pod it is asked to prioritize, and from each GPU pod
     the watch shows bound (one that no node could take is never learnt).
+    ``ties``, ``prior``: as ``configure`` sets them.
     ``cpu_spread``: CPU-only pods go to kube-scheduler alone instead (the webhook's ``cpuOnlyPods: false``).
     ``follow``: a real run's node per arrival; each pod goes where the real one went, and ``Meter.disagree`` lists
     the pods the real run placed where the model would not (the real node not among its best, placed where the
@@ -277,6 +279,7 @@ def run(nodes: list[SimNode], seq: list[SimPod], scheduler: str, seed: int, *, p
         for p in mix if mix is not None else seq:
             learnt.observe(p.shape)
         engine = FgdPolicy(fleet, seed, mix=learnt) if policy == "fgd" else POLICIES[policy](fleet, seed)
+        configure(engine, ties, prior if policy != "fgd" else None)
     largest = max((n.node.gpus for n in nodes), default=0)
     biggest = np.flatnonzero(fleet.ngpu[: fleet.n] == largest) if largest else np.zeros(0, np.int64)
     meter = Meter(fleet.capacity_milli() or 1)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpu_tailor.gpumodel.fleet import MILLI, Fleet, Shape
-from gpu_tailor.gpumodel.policies import POLICIES, FgdPolicy, Mix, Policy
+from gpu_tailor.gpumodel.policies import POLICIES, TIES, FgdPolicy, Mix, Policy, Prior, configure
 from gpu_tailor.gpumodel.topology import GpuTopology, nvlink_pairs, nvswitch
 
 TOPOLOGIES = ("none", "hgx", "pairs")
@@ -149,12 +149,24 @@ class RunResult:
                 "frag": self.frag, "failed_pods": self.failed_pods, "seconds": round(self.seconds, 3)}
 
 
+def parse_prior(text: str) -> Prior:
+    """``WEIGHT[:FLOOR]`` (``--prior 10:0.002``) as a ``Prior``; a clear error for anything else."""
+    weight, _, floor = text.partition(":")
+    try:
+        prior = Prior(float(weight), float(floor or 0))
+    except ValueError as exc:
+        raise TraceError(f"--prior {text!r}: expected WEIGHT[:FLOOR], e.g. 10 or 0:0.002") from exc
+    if not (0 <= prior.weight <= 1e6 and 0 <= prior.floor < 1):
+        raise TraceError(f"--prior {text!r}: the weight is a count of pods (0 or more), the floor a share below 1")
+    return prior
+
+
 def replay(nodes: list[TraceNode], pods: list[TracePod], policy: str, seed: int, *, workload: str = "",
-           inflate: float = 1.3, topology: str = "none", keep_whole_nodes: bool = True,
+           inflate: float = 1.3, topology: str = "none", ties: str = TIES[-1], prior: Prior | None = None,
            progress: Callable[[int, int], None] | None = None) -> RunResult:
     """One run of one policy on one seed. ``extra["whole_nodes"]``: the 8-GPU nodes left whole and free (every
-    GPU idle) when 90% and 100% of the capacity has arrived; ``keep_whole_nodes=False`` replays ties as before
-    issue 28 (the node rank alone), to measure what keeping whole nodes costs."""
+    GPU idle) when 90% and 100% of the capacity has arrived; ``ties``, ``prior``: as ``configure`` sets them
+    (``ties="rank"`` replays ties as before issue 28, to measure what keeping whole nodes costs)."""
     if policy not in POLICIES:
         raise TraceError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     start = time.perf_counter()
@@ -166,7 +178,7 @@ def replay(nodes: list[TraceNode], pods: list[TracePod], policy: str, seed: int,
         trace_mix.observe(p.shape)
     engine: Policy = (FgdPolicy(fleet, seed, mix=trace_mix) if policy == "fgd"
                       else POLICIES[policy](fleet, seed))
-    engine.keep_whole_nodes = keep_whole_nodes
+    configure(engine, ties, prior if policy != "fgd" else None)
     eight = np.flatnonzero(fleet.ngpu[: fleet.n] == 8)
     whole: dict[str, int] = {}
     meter = FgdPolicy(fleet, seed, mix=trace_mix)  # fragmentation as the paper measures it

@@ -133,3 +133,25 @@ def test_gpu_tailor_fills_the_used_node_before_it_breaks_a_whole_one(used: int, 
         engine = POLICIES["tailor"](fleet, 0)
         best, asked = kube.with_extender(engine, SimPod("p", Shape(1000, 1000, ask, MILLI)), DEFAULT_EXTENDER_WEIGHT)
         assert asked and best.tolist() == [0], (a, b)
+
+
+def test_the_ties_flag_offers_exactly_the_policies_ties() -> None:
+    from gpu_tailor.cli import build_parser
+    from gpu_tailor.gpumodel.policies import TIES
+
+    parser = build_parser()
+    assert parser.parse_args(["simulate"]).ties == TIES[-1]
+    assert [parser.parse_args(["simulate", "--ties", t]).ties for t in TIES] == list(TIES)
+    simulate = parser._subparsers._group_actions[0].choices["simulate"]  # type: ignore[union-attr,index]
+    assert tuple(next(a for a in simulate._actions if a.dest == "ties").choices) == TIES
+
+
+def test_ties_and_prior_reach_the_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes_csv, pods_csv = small_trace(tmp_path)
+    for extra in ([], ["--ties", "rank"], ["--prior", "10:0.01"]):
+        assert main(["simulate", "--nodes", str(nodes_csv), "--pods", str(pods_csv), "--policy", "tailor",
+                     "--scheduler", "gpu-tailor", *extra]) == 0
+        assert "gpu-tailor" in capsys.readouterr().out
+    for bad in ("ten", "10:1.5", "-1"):
+        assert main(["simulate", "--nodes", str(nodes_csv), "--pods", str(pods_csv), "--prior", bad]) == 2
+        assert "--prior" in capsys.readouterr().err

@@ -6,6 +6,7 @@ Fragmentation" (USENIX ATC'23) -- random, dotprod, gpupacking, gpuclustering, be
 extender runs.
 """
 
+from gpu_tailor.gpumodel.fleet import TIE_KEYS
 from gpu_tailor.gpumodel.policies.base import NodeChoice, Policy
 from gpu_tailor.gpumodel.policies.baselines import (
     BestFitPolicy,
@@ -14,14 +15,42 @@ from gpu_tailor.gpumodel.policies.baselines import (
     GpuPackingPolicy,
     RandomPolicy,
 )
-from gpu_tailor.gpumodel.policies.fgd import FgdPolicy, Mix
+from gpu_tailor.gpumodel.policies.fgd import FgdPolicy, Mix, Prior
 from gpu_tailor.gpumodel.policies.tailor import HOST_RESERVE_FROM, MODEL_RESERVE_FROM, TailorPolicy
 
 POLICIES: dict[str, type[Policy]] = {p.name: p for p in (RandomPolicy, DotProdPolicy, GpuPackingPolicy,
                                                           GpuClusteringPolicy, BestFitPolicy, FgdPolicy,
                                                           TailorPolicy)}
 
+TIES = ("rank", *TIE_KEYS)  # rank: the node rank alone, as before issue 28; else ``Fleet.ties``'s keys first
+
+
+def configure(engine: Policy, ties: str, prior: Prior | None = None) -> None:
+    """How ``engine`` breaks ties between placements it scores alike (``TIES``) and the prior its learnt mix starts
+    from (None: as it is); the same for the extender (its ``--config``) and the simulator (``--ties``, ``--prior``)."""
+    if ties not in TIES:
+        raise ValueError(f"ties {ties!r}: expected one of {', '.join(TIES)}")
+    engine.keep_whole_nodes = ties != "rank"
+    engine.tie_keys = ties if ties != "rank" else "whole"
+    if prior is not None and isinstance(engine, FgdPolicy):
+        engine.mix.prior = prior
+
+
 __all__ = [
-    "HOST_RESERVE_FROM", "MODEL_RESERVE_FROM", "POLICIES", "BestFitPolicy", "DotProdPolicy", "FgdPolicy",
-    "GpuClusteringPolicy", "GpuPackingPolicy", "Mix", "NodeChoice", "Policy", "RandomPolicy", "TailorPolicy",
+    "HOST_RESERVE_FROM",
+    "MODEL_RESERVE_FROM",
+    "POLICIES",
+    "TIES",
+    "BestFitPolicy",
+    "DotProdPolicy",
+    "FgdPolicy",
+    "GpuClusteringPolicy",
+    "GpuPackingPolicy",
+    "Mix",
+    "NodeChoice",
+    "Policy",
+    "Prior",
+    "RandomPolicy",
+    "TailorPolicy",
+    "configure",
 ]

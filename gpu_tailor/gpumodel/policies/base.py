@@ -31,6 +31,9 @@ class Policy:
     # job of all a node's GPUs needs one); only then does the node rank decide (issue 28). Sharing pods keep the
     # rank alone: with them too, gpuspec10 placed 0.18 point less at 90% arrived (benchmarks/whole_nodes.py).
     keep_whole_nodes = True
+    # With keep_whole_nodes: which keys of ``Fleet.ties`` (then the largest free NVLink block and the GPUs stranded,
+    # for pods of several GPUs; for one-GPU pods those cost 0.2 point on openb, for multi-GPU pods nothing).
+    tie_keys = "multi-blocks"
 
     def __init__(self, fleet: Fleet, seed: int = 0) -> None:
         self.fleet = fleet
@@ -78,7 +81,7 @@ class Policy:
             return None
         s = self.score(shape, c).astype(float)
         keep = self.keep_whole_nodes and shape.gpus > 0 and not shape.sharing
-        whole = self.fleet.untouched(c.node) if keep else np.zeros(len(s), bool)
+        whole = self.fleet.ties(c.node, shape, self.tie_keys) if keep else np.zeros(len(s), np.int64)
         k = int(np.lexsort((c.gpu, self.fleet.rank[c.node], whole, -s))[0])
         node = int(c.node[k])
         gpus = (int(c.gpu[k]),) if shape.sharing else self.whole_gpus(node, shape) if shape.gpus else ()

@@ -8,38 +8,83 @@ decision costs a few hundred microseconds on a 1,000-node cluster.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from gpu_tailor.gpumodel.fleet import Array, Fleet, PlacementCandidates, Shape
+from gpu_tailor.gpumodel.fleet import MILLI, Array, Fleet, PlacementCandidates, Shape
 from gpu_tailor.gpumodel.policies.base import Policy
+
+Kind = tuple[int, int, int, frozenset[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Prior:
+    """Pod types a learnt mix counts before it has seen them: a job of every GPU of a node, for each node size of
+    at least ``min_gpus`` GPUs in the fleet (no CPU asked; the sizes share equally), so that breaking a whole node
+    is never free of cost just because no such job has arrived yet (issue 28).
+
+    ``weight``: how many pods they count as at the start (their share fades as pods are seen); ``floor``: the share
+    of the mix they keep however many pods have been seen. Both 0: off. What each costs and keeps on the openb
+    replay: docs/tailor-experiments.md ("A prior for shapes not seen yet")."""
+
+    weight: float = 0.0
+    floor: float = 0.0
+    min_gpus: int = 8
+
+    def pseudo(self, seen: int) -> float:
+        """How many pods the prior's types count as, beside ``seen`` pods seen."""
+        kept = self.floor * seen / (1 - self.floor) if 0 < self.floor < 1 else 0.0
+        return max(self.weight, kept)
 
 
 class Mix:
-    """The typical pod types: the most common kinds covering ``coverage`` of pods, renormalised."""
+    """The typical pod types: the most common kinds covering ``coverage`` of pods, renormalised; with a ``prior``,
+    its types beside them (``typical(expected)``)."""
 
-    def __init__(self, coverage: float = 0.95) -> None:
+    def __init__(self, coverage: float = 0.95, prior: Prior | None = None) -> None:
         self.coverage = coverage
-        self.counts: Counter[tuple[int, int, int, frozenset[str]]] = Counter()
+        self.prior = prior or Prior()
+        self.counts: Counter[Kind] = Counter()
         self.total = 0
-        self._typical: list[tuple[tuple[int, int, int, frozenset[str]], float]] | None = None
+        self._typical: list[tuple[Kind, float]] | None = None
+        self._expected: tuple[Kind, ...] = ()
 
     def observe(self, shape: Shape) -> None:
         self.counts[shape.kind] += 1
         self.total += 1
         self._typical = None
 
-    def typical(self) -> list[tuple[tuple[int, int, int, frozenset[str]], float]]:
-        if self._typical is None:
+    def typical(self, expected: Sequence[Kind] = ()) -> list[tuple[Kind, float]]:
+        """The types and their shares; ``expected``: the prior's types for this fleet (``whole_node_kinds``)."""
+        expected = tuple(expected)
+        if self._typical is None or expected != self._expected:
+            self._expected = expected
             ranked = sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0][:3], sorted(kv[0][3])))
-            picked, covered = [], 0
+            picked: list[tuple[Kind, float]] = []
+            covered = 0
             for kind, n in ranked:
                 if covered >= self.coverage * self.total:
                     break
                 picked.append((kind, n))
                 covered += n
-            self._typical = [(k, n / covered) for k, n in picked] if covered else []
+            pseudo = self.prior.pseudo(self.total) if expected else 0.0
+            weights = dict(picked)
+            for kind in expected:
+                weights[kind] = weights.get(kind, 0) + pseudo / len(expected)
+            whole = covered + pseudo
+            self._typical = [(k, n / whole) for k, n in weights.items() if n > 0] if whole else []
         return self._typical
+
+
+def whole_node_kinds(fleet: Fleet, prior: Prior) -> tuple[Kind, ...]:
+    """The prior's types for ``fleet``: a job of all the GPUs of each node size it holds of ``prior.min_gpus`` or
+    more (none when the prior is off)."""
+    if not (prior.weight or prior.floor):
+        return ()
+    sizes = np.unique(fleet.ngpu[: fleet.n][fleet.alive[: fleet.n]])
+    return tuple((0, MILLI, int(g), frozenset()) for g in sizes if g >= max(prior.min_gpus, 2))
 
 
 class FgdPolicy(Policy):
@@ -62,7 +107,7 @@ class FgdPolicy(Policy):
 
     # per-type arrays and the per-node cache
     def _types(self) -> None:
-        typical = self.mix.typical()
+        typical = self.mix.typical(whole_node_kinds(self.fleet, self.mix.prior))
         key = (tuple(k for k, _ in typical), len(self.fleet.models))
         # the shares drift as a learnt mix grows: re-derive them every 5% more pods
         if key == self._mix_key and self.mix.total <= self._mix_total * 1.05:
