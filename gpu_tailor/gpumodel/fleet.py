@@ -213,7 +213,8 @@ class Fleet:
         """Per row, for a pod of whole GPUs: how much placing it there takes from the larger free blocks, lower
         first (the tie-break where the policy scores placements alike, issue 28). In order of weight:
 
-        1. a whole free node (every GPU idle) last: the next job of all a node's GPUs needs one;
+        1. a whole free node (every GPU idle) last: the next job of all a node's GPUs needs one (even where the pod
+           fills the node: exempting those placed 0.11 point less on gpuspec10 at 90% arrived);
         2. the fewest GPUs idle on the node's largest NVLink domain (all of a node's idle GPUs where it has no NVLink
            topology or an NVSwitch): a small free block is filled before a larger one is broken;
         3. the fewest GPUs it would leave stranded: idle, and beyond what the node's CPU and memory left could feed

@@ -353,7 +353,14 @@ def run_scheduled(args: argparse.Namespace) -> int:
                 meter = run_kube(nodes, seq, scheduler, seed, policy=policy or "tailor", mix=mix,
                                  weight=weight, ties=args.ties, prior=prior)
                 runs.append((scheduler, policy, seed, meter))
-    print(scheduled_table(runs, math.floor(args.inflate * 100 + 0.5), largest))
+    top = math.floor(args.inflate * 100 + 0.5)
+    print(scheduled_table(runs, top, largest))
     print("alloc: GPUs allocated, % of capacity, when that much of it has arrived; pods never leave, and a pod that "
           "fits nowhere is dropped; kube-scheduler picks among equal scores at random (one draw per seed)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": [
+            {"scheduler": sched, "policy": policy, "seed": seed, "alloc": m.curve(top), "failed": dict(m.failed),
+             "whole_nodes": m.whole_nodes, "largest_node_gpus": largest} for sched, policy, seed, m in runs]},
+            indent=1) + "\n")
+        print(f"wrote {args.json}")
     return 0

@@ -257,10 +257,9 @@ def run(nodes: list[SimNode], seq: list[SimPod], scheduler: str, seed: int, *, p
     """``seq`` arriving one by one (never leaving) on empty ``nodes``, placed by ``scheduler``.
 
     ``kube-default``: kube-scheduler alone. ``gpu-tailor``: ``policy`` as the extender runs it, under
-    gpu-tailor-scheduler's profile with the extender at ``weight``; the policy learns the pod mix from the pods it
-    is asked about, as the extender does, and FGD takes ``mix`` (default: ``seq``) as its known workload.
-    The policy learns its mix as the extender does: from each pod it is asked to prioritize, and from each GPU pod
-    the watch shows bound (one that no node could take is never learnt).
+    gpu-tailor-scheduler's profile with the extender at ``weight``. The policy learns its mix as the extender does:
+    from each pod it is asked to prioritize, and from each GPU pod the watch shows bound (one that no node could
+    take is never learnt); FGD is handed ``mix`` (default: ``seq``) as its known workload instead.
     ``ties``, ``prior``: as ``configure`` sets them.
     ``cpu_spread``: CPU-only pods go to kube-scheduler alone instead (the webhook's ``cpuOnlyPods: false``).
     ``follow``: a real run's node per arrival; each pod goes where the real one went, and ``Meter.disagree`` lists
@@ -274,11 +273,14 @@ def run(nodes: list[SimNode], seq: list[SimPod], scheduler: str, seed: int, *, p
     kube = KubeModel(fleet, rows, nodes, seed)
     index = {n.name: i for i, n in enumerate(nodes)}
     engine: Policy | None = None
-    if scheduler == "gpu-tailor":
-        learnt = Mix()
+    if scheduler == "gpu-tailor" and policy == "fgd":
+        known = Mix()
         for p in mix if mix is not None else seq:
-            learnt.observe(p.shape)
-        engine = FgdPolicy(fleet, seed, mix=learnt) if policy == "fgd" else POLICIES[policy](fleet, seed)
+            known.observe(p.shape)
+        engine = FgdPolicy(fleet, seed, mix=known)
+    elif scheduler == "gpu-tailor":
+        engine = POLICIES[policy](fleet, seed)
+    if engine is not None:
         configure(engine, ties, prior if policy != "fgd" else None)
     largest = max((n.node.gpus for n in nodes), default=0)
     biggest = np.flatnonzero(fleet.ngpu[: fleet.n] == largest) if largest else np.zeros(0, np.int64)

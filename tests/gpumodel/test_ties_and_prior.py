@@ -119,3 +119,4 @@ def test_with_the_prior_breaking_a_whole_node_is_never_free_of_cost() -> None:
         scores[prior.weight] = raw.tolist()
     assert scores[0][0] == scores[0][1]
     assert scores[5][0] < scores[5][1]
+

@@ -53,9 +53,15 @@ def test_the_dump_becomes_nodes_the_model_can_hold_and_says_what_it_leaves_out()
     assert dumped.left_out_pods == {"asks for MIG slices": 1}
 
 
-def test_simulate_on_the_fixture_dump_prints_both_schedulers(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", "--cluster-file", str(DUMP), "--seeds", "42,43"]) == 0
+def test_simulate_on_the_fixture_dump_prints_both_schedulers(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    runs = tmp_path / "runs.json"
+    assert main(["simulate", "--cluster-file", str(DUMP), "--seeds", "42,43", "--json", str(runs)]) == 0
     out = capsys.readouterr().out
+    written = json.loads(runs.read_text())["runs"]
+    assert sorted((r["scheduler"], r["seed"]) for r in written) == [("gpu-tailor", 42), ("gpu-tailor", 43),
+                                                                     ("kube-default", 42), ("kube-default", 43)]
+    assert all(0 < r["alloc"]["100"] <= 100 and r["largest_node_gpus"] == 8 for r in written)
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["kube-default"],
                                                                                                 ["gpu-tailor"])}
     assert set(rows) == {"kube-default", "gpu-tailor"}
