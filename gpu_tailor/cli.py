@@ -131,11 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--extender-weight", type=int, metavar="N",
                     help="with --scheduler gpu-tailor: the extender's weight (default: 11, as manifests/scheduler "
                          "ships it)")
-    si.add_argument("--ties", choices=("rank", "whole", "blocks", "multi-blocks"), default="multi-blocks",
-                    help="how placements the policy scores alike are told apart: rank (a fixed node order alone); "
-                         "whole (a used node before a whole free one, then the rank); blocks (then the smallest "
-                         "free NVLink block and the fewest GPUs stranded); multi-blocks (the default: those for "
-                         "multi-GPU pods only)")
+    si.add_argument("--ties", choices=("rank", "whole", "blocks", "multi-blocks"),
+                    help="how placements the policy scores alike are told apart: rank (a fixed node order alone, as "
+                         "the FGD paper's policies do); whole (a used node before a whole free one, then the rank); "
+                         "blocks (then the smallest free NVLink block and the fewest GPUs stranded); multi-blocks "
+                         "(those for multi-GPU pods only: tailor's own)")
     si.add_argument("--prior", metavar="WEIGHT[:FLOOR]",
                     help="the learnt mix starts from whole-node jobs counted as WEIGHT pods, and keeps FLOOR of the "
                          "mix for them (default: none; what each costs: docs/tailor-experiments.md)")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -64,3 +67,15 @@ def release_kubectl() -> str:
     if not found:
         pytest.skip(f"no kubectl to render kustomize with: {why}")
     return str(found[0].bin / "kubectl")
+
+
+def cluster_replay() -> ModuleType:
+    """``benchmarks/cluster_replay.py`` as a module: the openb cut, its arrivals and pod objects, for the tests that
+    replay openb as that benchmark does."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cluster_replay.py"
+    spec = importlib.util.spec_from_file_location("cluster_replay", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

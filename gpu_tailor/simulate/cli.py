@@ -80,7 +80,7 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def _one(job: tuple[str, str, str, int, float, str, str, str]) -> RunResult:
+def _one(job: tuple[str, str, str, int, float, str, str | None, str]) -> RunResult:
     nodes_src, pods_src, policy, seed, inflate, topology, ties, prior = job
     pods, workload = pods_of(pods_src)
     return replay(nodes_of(nodes_src), pods, policy, seed, workload=workload, inflate=inflate, topology=topology,
@@ -163,6 +163,17 @@ def progress_bar(total: int) -> Any:
                 dynamic_ncols=True)
 
 
+def checked(args: argparse.Namespace, default_policies: list[str]) -> tuple[list[str], list[int]]:
+    """The policies (``--policy``, else ``default_policies``) and seeds a run replays; ``--inflate`` in range."""
+    policies = args.policy or default_policies
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise TraceError(f"unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
+    if not 0.1 <= args.inflate <= 5:
+        raise TraceError("--inflate: expected a factor between 0.1 and 5")
+    return policies, parse_seeds(args.seeds)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.inventory:
         print(inventory_table(bundled_nodes()))
@@ -172,13 +183,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.plot:
             check_plot_available()
-        policies = args.policy or list(DEFAULT_POLICIES)
-        unknown = [p for p in policies if p not in POLICIES]
-        if unknown:
-            raise TraceError(f"unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
-        seeds = parse_seeds(args.seeds)
-        if not 0.1 <= args.inflate <= 5:
-            raise TraceError("--inflate: expected a factor between 0.1 and 5")
+        policies, seeds = checked(args, list(DEFAULT_POLICIES))
         nodes_src, pods_src = sources(args)
         nodes, (pods, _) = nodes_of(nodes_src), pods_of(pods_src)  # fail fast on bad input
         gpus = sum(n.gpus for n in nodes)
@@ -303,13 +308,7 @@ def run_scheduled(args: argparse.Namespace) -> int:
         unknown = [s for s in schedulers if s not in SCHEDULERS]
         if unknown:
             raise TraceError(f"unknown scheduler {', '.join(unknown)}; choose from {', '.join(SCHEDULERS)}")
-        policies = args.policy or ["tailor"]
-        unknown = [p for p in policies if p not in POLICIES]
-        if unknown:
-            raise TraceError(f"unknown policy {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
-        seeds = parse_seeds(args.seeds)
-        if not 0.1 <= args.inflate <= 5:
-            raise TraceError("--inflate: expected a factor between 0.1 and 5")
+        policies, seeds = checked(args, ["tailor"])
         if not 0 <= args.time_sliced <= 1 or args.replicas < 2:
             raise TraceError("--time-sliced: a share between 0 and 1; --replicas: at least 2")
         prior = parse_prior(args.prior) if args.prior else None

@@ -31,7 +31,7 @@ import numpy as np
 
 from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, node_order, tie_order
 from gpu_tailor.gpumodel.fleet import MILLI, Fleet, Shape
-from gpu_tailor.gpumodel.policies import POLICIES, TIES, FgdPolicy, Mix, Policy, Prior, configure
+from gpu_tailor.gpumodel.policies import POLICIES, FgdPolicy, Mix, Policy, Prior, configure
 from gpu_tailor.simulate.trace import TraceNode, TracePod, _curve, build_fleet
 
 SCHEDULERS = ("kube-default", "gpu-tailor")
@@ -253,14 +253,14 @@ class Meter:
 
 def run(nodes: list[SimNode], seq: list[SimPod], scheduler: str, seed: int, *, policy: str = "tailor",
         mix: list[SimPod] | None = None, weight: int = DEFAULT_EXTENDER_WEIGHT, cpu_spread: bool = False,
-        follow: list[str | None] | None = None, ties: str = TIES[-1], prior: Prior | None = None) -> Meter:
+        follow: list[str | None] | None = None, ties: str | None = None, prior: Prior | None = None) -> Meter:
     """``seq`` arriving one by one (never leaving) on empty ``nodes``, placed by ``scheduler``.
 
     ``kube-default``: kube-scheduler alone. ``gpu-tailor``: ``policy`` as the extender runs it, under
     gpu-tailor-scheduler's profile with the extender at ``weight``. The policy learns its mix as the extender does:
     from each pod it is asked to prioritize, and from each GPU pod the watch shows bound (one that no node could
     take is never learnt); FGD is handed ``mix`` (default: ``seq``) as its known workload instead.
-    ``ties``, ``prior``: as ``configure`` sets them.
+    ``ties``, ``prior``: as ``configure`` sets them (None: the policy's own).
     ``cpu_spread``: CPU-only pods go to kube-scheduler alone instead (the webhook's ``cpuOnlyPods: false``).
     ``follow``: a real run's node per arrival; each pod goes where the real one went, and ``Meter.disagree`` lists
     the pods the real run placed where the model would not (the real node not among its best, placed where the

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gpu_tailor.gpumodel.fleet import MILLI, Fleet, Shape
-from gpu_tailor.gpumodel.policies import POLICIES, TIES, FgdPolicy, Mix, Policy, Prior, configure
+from gpu_tailor.gpumodel.policies import POLICIES, FgdPolicy, Mix, Policy, Prior, configure
 from gpu_tailor.gpumodel.topology import GpuTopology, nvlink_pairs, nvswitch
 
 TOPOLOGIES = ("none", "hgx", "pairs")
@@ -162,11 +162,11 @@ def parse_prior(text: str) -> Prior:
 
 
 def replay(nodes: list[TraceNode], pods: list[TracePod], policy: str, seed: int, *, workload: str = "",
-           inflate: float = 1.3, topology: str = "none", ties: str = TIES[-1], prior: Prior | None = None,
+           inflate: float = 1.3, topology: str = "none", ties: str | None = None, prior: Prior | None = None,
            progress: Callable[[int, int], None] | None = None) -> RunResult:
     """One run of one policy on one seed. ``extra["whole_nodes"]``: the 8-GPU nodes left whole and free (every
     GPU idle) when 90% and 100% of the capacity has arrived; ``ties``, ``prior``: as ``configure`` sets them
-    (``ties="rank"`` replays ties as before issue 28, to measure what keeping whole nodes costs)."""
+    (None: the policy's own; ``ties="rank"`` replays tailor's ties as before issue 28)."""
     if policy not in POLICIES:
         raise TraceError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     start = time.perf_counter()

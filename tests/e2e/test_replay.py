@@ -10,35 +10,22 @@ every real choice best, and run on its own it must come within 0.5 point of the 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections import Counter
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.conftest import cluster_replay
 from tests.e2e.cluster import Release
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
 SCALE, SHARED, REPLICAS, SEED = 0.05, 0.3, 20, 42
-
-
-def _replay() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cluster_replay", REPO / "benchmarks" / "cluster_replay.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def replayed(release: Release) -> dict[str, Any]:
-    replay = _replay()
+    replay = cluster_replay()
     nodes = replay.scaled_nodes(SCALE, SHARED, SEED)
     pods = replay.trace_pods(REPLICAS)
     seq = replay.arrival_order(nodes, pods, SEED)

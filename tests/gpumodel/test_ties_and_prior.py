@@ -120,3 +120,14 @@ def test_with_the_prior_breaking_a_whole_node_is_never_free_of_cost() -> None:
     assert scores[0][0] == scores[0][1]
     assert scores[5][0] < scores[5][1]
 
+
+
+def test_tailor_keeps_whole_nodes_and_the_papers_policies_keep_the_paper_order() -> None:
+    from gpu_tailor.gpumodel.policies import POLICIES
+
+    for name, cls in POLICIES.items():
+        engine = cls(fleet_of(8))
+        assert (engine.keep_whole_nodes, engine.tie_keys) == ((True, "multi-blocks") if name == "tailor"
+                                                              else (False, "whole")), name
+        configure(engine, None)  # None leaves the policy's own
+        assert engine.keep_whole_nodes == (name == "tailor")

@@ -15,10 +15,7 @@ was learnt by the model alone, and 3 of ~370 one-GPU pods then went elsewhere on
 from __future__ import annotations
 
 import copy
-import importlib.util
 import random
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -32,21 +29,14 @@ from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.fleet import MILLI
 from gpu_tailor.simulate.kube import MAX_NODE_SCORE, KubeModel, SimPod, run
 from gpu_tailor.simulate.trace import build_fleet
-from tests.conftest import openb_dir
+from tests.conftest import cluster_replay, openb
 
-REPO = Path(__file__).resolve().parents[2]
 REPLICAS = 20
 
 
 def _replay() -> ModuleType:
-    if not (openb_dir() / "openb_pod_list_default.csv").is_file():
-        pytest.skip(f"the openb trace is not in {openb_dir()} (set GPU_TAILOR_TRACE_DIR)")
-    spec = importlib.util.spec_from_file_location("cluster_replay", REPO / "benchmarks" / "cluster_replay.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    openb("openb_pod_list_default.csv")  # skips, saying why, where the trace is absent
+    return cluster_replay()
 
 
 def drive_extender(replay: ModuleType, nodes: list[Any], seq: list[SimPod], seed: int) -> list[str | None]:

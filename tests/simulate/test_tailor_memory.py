@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpu_tailor.gpumodel.fleet import Fleet, Shape, candidates
-from gpu_tailor.gpumodel.policies import FgdPolicy, Mix, TailorPolicy
+from gpu_tailor.gpumodel.policies import FgdPolicy, Mix, TailorPolicy, configure
 
 GIB = 1024
 ONE = Shape(11000, 48 * GIB, 1, 1000)  # a 1-GPU pod of the openb trace's typical memory
@@ -46,9 +46,14 @@ def test_tailor_keeps_a_memory_hungry_multi_gpu_pod_off_the_node_it_would_leave_
     assert tailor.memory_cost(FAT, c).tolist() == [3000.0, 0.0]
     plain = FgdPolicy.delta(tailor, FAT, c)
     assert plain[0] == plain[1]  # fragmentation alone sees no difference
+    for engine in (fgd, tailor):  # the scores alone, with ties by the node rank: the tie keys (issue 28) count
+        configure(engine, "rank")   # stranded GPUs too, and would send FGD to "m32" as well
     fgd_choice, tailor_choice = fgd.choose(FAT), tailor.choose(FAT)
     assert fgd_choice is not None and fgd.fleet.names[fgd_choice.node] == "g2"
     assert tailor_choice is not None and tailor.fleet.names[tailor_choice.node] == "m32"
+    configure(fgd, "multi-blocks")
+    fgd_choice = fgd.choose(FAT)
+    assert fgd_choice is not None and fgd.fleet.names[fgd_choice.node] == "m32"
 
 
 def test_no_memory_charge_while_the_memory_left_feeds_every_idle_gpu() -> None:

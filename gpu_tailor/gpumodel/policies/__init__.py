@@ -25,13 +25,17 @@ POLICIES: dict[str, type[Policy]] = {p.name: p for p in (RandomPolicy, DotProdPo
 TIES = ("rank", *TIE_KEYS)  # rank: the node rank alone, as before issue 28; else ``Fleet.ties``'s keys first
 
 
-def configure(engine: Policy, ties: str, prior: Prior | None = None) -> None:
-    """How ``engine`` breaks ties between placements it scores alike (``TIES``) and the prior its learnt mix starts
-    from (None: as it is); the same for the extender (its ``--config``) and the simulator (``--ties``, ``--prior``)."""
-    if ties not in TIES:
+def configure(engine: Policy, ties: str | None, prior: Prior | None = None) -> None:
+    """How ``engine`` breaks ties between placements it scores alike (``TIES``; None: as its policy does) and the
+    prior its learnt mix starts from (None: as it is); the same for the extender (its ``--config``) and the
+    simulator (``--ties``, ``--prior``)."""
+    if ties is None:
+        pass
+    elif ties not in TIES:
         raise ValueError(f"ties {ties!r}: expected one of {', '.join(TIES)}")
-    engine.keep_whole_nodes = ties != "rank"
-    engine.tie_keys = ties if ties != "rank" else "whole"
+    else:
+        engine.keep_whole_nodes = ties != "rank"
+        engine.tie_keys = ties if ties != "rank" else "whole"
     if prior is not None and isinstance(engine, FgdPolicy):
         engine.mix.prior = prior
 

@@ -27,13 +27,11 @@ class Policy:
     """A placement policy: scores candidate placements (higher is better)."""
 
     name = "policy"
-    # On equal scores a pod of whole GPUs goes to a node already in use before it breaks a whole free one (the next
-    # job of all a node's GPUs needs one); only then does the node rank decide (issue 28). Sharing pods keep the
-    # rank alone: with them too, gpuspec10 placed 0.18 point less at 90% arrived (benchmarks/whole_nodes.py).
-    keep_whole_nodes = True
-    # With keep_whole_nodes: which keys of ``Fleet.ties`` (then the largest free NVLink block and the GPUs stranded,
-    # for pods of several GPUs; for one-GPU pods those cost 0.2 point on openb, for multi-GPU pods nothing).
-    tie_keys = "multi-blocks"
+    # With keep_whole_nodes, equal scores of a pod of whole GPUs are told apart by ``Fleet.ties`` (``tie_keys``)
+    # before the node rank (issue 28); sharing pods keep the rank alone (with them too, gpuspec10 placed 0.18 point
+    # less at 90% arrived). The FGD paper's policies use the rank alone, as the paper replays them; tailor sets both.
+    keep_whole_nodes = False
+    tie_keys = "whole"  # with keep_whole_nodes: which keys of ``Fleet.ties``
 
     def __init__(self, fleet: Fleet, seed: int = 0) -> None:
         self.fleet = fleet

@@ -68,6 +68,11 @@ class TailorPolicy(FgdPolicy):
     """
 
     name = "tailor"
+    # Where it scores placements of whole GPUs alike: a node in use before a whole free one, then (pods of several
+    # GPUs) the smallest free NVLink block and the fewest GPUs stranded (``Fleet.ties``; for one-GPU pods those two
+    # cost 0.2 point on openb, for multi-GPU pods nothing: docs/tailor-experiments.md), then the node rank.
+    keep_whole_nodes = True
+    tie_keys = "multi-blocks"
 
     def __init__(self, fleet: Fleet, seed: int = 0, mix: Mix | None = None) -> None:
         super().__init__(fleet, seed, mix)
