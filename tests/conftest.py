@@ -56,17 +56,31 @@ def openb(name: str) -> Path:
     return path
 
 
+TOOLS = Path(__file__).resolve().parents[1] / ".tools" / "bin"  # scripts/k8s-tools.py puts helm and kubectl here
+
+
 def release_kubectl() -> str:
-    """The kubectl of the oldest Kubernetes release the e2e suite finds, to render kustomize with; the calling
-    test is skipped, saying why, where there is none."""
+    """A kubectl to render kustomize with: the oldest Kubernetes release's the e2e suite finds, else the one
+    ``scripts/k8s-tools.py`` fetched; the calling test is skipped, saying why, where there is neither."""
     import pytest
 
     from tests.e2e.cluster import find_releases
 
     found, why = find_releases()
-    if not found:
-        pytest.skip(f"no kubectl to render kustomize with: {why}")
-    return str(found[0].bin / "kubectl")
+    if found:
+        return str(found[0].bin / "kubectl")
+    if (TOOLS / "kubectl").is_file():
+        return str(TOOLS / "kubectl")
+    pytest.skip(f"no kubectl to render kustomize with: {why}; nor {TOOLS / 'kubectl'} (python scripts/k8s-tools.py)")
+
+
+def helm() -> str:
+    """The helm ``scripts/k8s-tools.py`` fetched; the calling test is skipped, saying why, where it is absent."""
+    import pytest
+
+    if not (TOOLS / "helm").is_file():
+        pytest.skip(f"no helm: {TOOLS / 'helm'} is absent (python scripts/k8s-tools.py fetches it)")
+    return str(TOOLS / "helm")
 
 
 def cluster_replay() -> ModuleType:
