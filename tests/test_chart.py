@@ -1,0 +1,141 @@
+"""The Helm chart (issue 29): real ``helm`` (lint, template, the values schema) and real ``kubectl kustomize``, both
+from ``scripts/k8s-tools.py``. With its defaults the chart renders the objects of ``manifests/``, and with
+``certificates=cert-manager`` those of ``manifests/overlays/cert-manager`` (the Namespace aside: Helm installs into
+one with ``--create-namespace``), so the two cannot drift; each value people change reaches the object it names."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_tailor.gpumodel import labels
+from tests.conftest import helm, release_kubectl
+
+REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "charts" / "gpu-tailor"
+Obj = dict[str, Any]
+Key = tuple[str, str, str]
+
+
+def objects(text: str) -> dict[Key, Obj]:
+    """Rendered objects by (kind, namespace, name), as comparable data: the Namespace left out, the ConfigMaps' YAML
+    parsed (comments differ), the pod templates' checksum annotations (Helm's, to roll on config changes) dropped."""
+    out: dict[Key, Obj] = {}
+    for doc in yaml.safe_load_all(text):
+        if not doc or doc["kind"] == "Namespace":
+            continue
+        meta = (doc.get("spec") or {}).get("template", {}).get("metadata", {})
+        kept = {k: v for k, v in (meta.get("annotations") or {}).items() if not k.startswith("checksum/")}
+        if "annotations" in meta:
+            meta.pop("annotations")
+            if kept:
+                meta["annotations"] = kept
+        if doc["kind"] == "ConfigMap":
+            doc["data"] = {k: yaml.safe_load(v) for k, v in doc["data"].items()}
+        out[(doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])] = doc
+    return out
+
+
+def template(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm(), "template", "gpu-tailor", str(CHART), "-n", "gpu-tailor", *args],
+                          capture_output=True, text=True, check=check, timeout=60)
+
+
+def rendered(*args: str) -> dict[Key, Obj]:
+    return objects(template(*args).stdout)
+
+
+def kustomize(path: Path) -> dict[Key, Obj]:
+    return objects(subprocess.run([release_kubectl(), "kustomize", str(path)], capture_output=True, text=True,
+                                  check=True, timeout=60).stdout)
+
+
+def container(objs: dict[Key, Obj], deployment: str, name: str) -> Obj:
+    spec = objs[("Deployment", "gpu-tailor", deployment)]["spec"]["template"]["spec"]
+    found: Obj = next(c for c in spec["containers"] if c["name"] == name)
+    return found
+
+
+def test_the_chart_lints_clean() -> None:
+    out = subprocess.run([helm(), "lint", "--strict", str(CHART)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(("values", "base"), [
+    ((), "manifests"), (("--set", "certificates=cert-manager"), "manifests/overlays/cert-manager")])
+def test_the_chart_renders_what_the_kustomize_base_does(values: tuple[str, ...], base: str) -> None:
+    chart, kust = rendered(*values), kustomize(REPO / base)
+    assert sorted(chart) == sorted(kust)
+    for key in kust:
+        assert chart[key] == kust[key], key
+
+
+def test_the_values_people_change_reach_their_objects() -> None:
+    objs = rendered("--set", "image.repository=registry.example/gpu-tailor", "--set", "image.tag=0.2.0",
+                    "--set", "webhook.replicas=3", "--set", "scheduler.replicas=1",
+                    "--set", "scheduler.image.tag=v1.36.3", "--set", "webhook.failurePolicy=Ignore",
+                    "--set", "webhook.timeoutSeconds=10", "--set", "optInLabel=example.com/gpus",
+                    "--set", "scheduler.extender.weight=5", "--set", "webhook.nodeSelector.pool=system",
+                    "--set", "scheduler.tolerations[0].key=dedicated",
+                    "--set", "scheduler.tolerations[0].operator=Exists",
+                    "--set", "webhook.priorityClassName=", "--set", "excludedNamespaces={kube-system,monitoring}",
+                    "--set", "podDisruptionBudget.enabled=false", "--set", "criticalPodsQuota.enabled=false")
+    webhook = objs[("Deployment", "gpu-tailor", "gpu-tailor-webhook")]
+    assert webhook["spec"]["replicas"] == 3
+    pod = webhook["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "system"} and "priorityClassName" not in pod
+    assert container(objs, "gpu-tailor-webhook", "webhook")["image"] == "registry.example/gpu-tailor:0.2.0"
+    assert container(objs, "gpu-tailor-scheduler", "extender")["image"] == "registry.example/gpu-tailor:0.2.0"
+    kube_scheduler = container(objs, "gpu-tailor-scheduler", "kube-scheduler")
+    assert kube_scheduler["image"] == "registry.k8s.io/kube-scheduler:v1.36.3"
+    sched = objs[("Deployment", "gpu-tailor", "gpu-tailor-scheduler")]
+    assert sched["spec"]["replicas"] == 1
+    assert sched["spec"]["template"]["spec"]["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    gpu, cpu = objs[("MutatingWebhookConfiguration", "", "gpu-tailor")]["webhooks"]
+    assert (gpu["failurePolicy"], gpu["timeoutSeconds"], cpu["failurePolicy"]) == ("Ignore", 10, "Ignore")
+    for entry in (gpu, cpu):
+        selector = entry["namespaceSelector"]["matchExpressions"]
+        assert selector[0]["key"] == "example.com/gpus"
+        assert selector[1]["values"] == ["gpu-tailor", "kube-system", "monitoring"]  # the release's, then the list
+        assert entry["objectSelector"]["matchExpressions"][0]["key"] == labels.POD_OPT_OUT_LABEL
+    config = objs[("ConfigMap", "gpu-tailor", "gpu-tailor-scheduler")]["data"]["config.yaml"]
+    assert config["extenders"][0]["weight"] == 5
+    assert not [k for k in objs if k[0] in ("PodDisruptionBudget", "ResourceQuota")]
+
+
+def test_the_services_configs_become_configmaps_and_flags() -> None:
+    objs = rendered("--set", "webhook.config.cpuOnlyPods=false", "--set", "scheduler.extender.config.ties=rank",
+                    "--set", "scheduler.extender.config.prior.weight=10")
+    assert objs[("ConfigMap", "gpu-tailor", "gpu-tailor-webhook")]["data"] == {"webhook.yaml": {"cpuOnlyPods": False}}
+    assert objs[("ConfigMap", "gpu-tailor", "gpu-tailor-extender")]["data"] == {
+        "extender.yaml": {"ties": "rank", "prior": {"weight": 10}}}
+    webhook = container(objs, "gpu-tailor-webhook", "webhook")
+    assert webhook["args"][-2:] == ["--config", "/etc/gpu-tailor/webhook.yaml"]
+    assert {"name": "config", "mountPath": "/etc/gpu-tailor", "readOnly": True} in webhook["volumeMounts"]
+    extender = container(objs, "gpu-tailor-scheduler", "extender")
+    assert extender["args"][-2:] == ["--config", "/etc/gpu-tailor-extender/extender.yaml"]
+
+
+def test_the_extender_config_the_chart_writes_is_one_the_extender_reads(tmp_path: Path) -> None:
+    from gpu_tailor.extender.__main__ import load_settings
+
+    objs = objects(template("--set", "scheduler.extender.config.ties=whole",
+                            "--set", "scheduler.extender.config.prior.floor=0.002").stdout)
+    path = tmp_path / "extender.yaml"
+    path.write_text(yaml.safe_dump(objs[("ConfigMap", "gpu-tailor", "gpu-tailor-extender")]["data"]["extender.yaml"]))
+    settings = load_settings(str(path))
+    assert (settings.ties, settings.prior.floor) == ("whole", 0.002)
+
+
+@pytest.mark.parametrize(("setting", "says"), [("webhook.failurePolicy=Maybe", "/webhook/failurePolicy"),
+                                               ("certificates=letsencrypt", "/certificates"),
+                                               ("scheduler.image.tag=latest", "/scheduler/image/tag"),
+                                               ("webhok.replicas=3", "webhok"),
+                                               ("webhook.timeoutSeconds=60", "/webhook/timeoutSeconds")])
+def test_the_values_schema_refuses_what_would_break_the_install(setting: str, says: str) -> None:
+    out = template("--set", setting, check=False)
+    assert out.returncode != 0 and says in out.stderr, out.stderr
