@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpu_tailor.extender import verbs
 from gpu_tailor.extender.cache import Cache
+from gpu_tailor.extender.pools import PoolGauges
 from gpu_tailor.extender.records import PodProjector, PodRecord, pod_record
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.inventory import node_fields
@@ -340,6 +341,7 @@ def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT
         app[SCHEDULER_HEALTHZ] = scheduler_healthz
     app[METRICS] = Metrics()
     app[METRICS].registry.register(Staleness("gpu_tailor_extender_watch_staleness_seconds", cache.freshness))
+    app[METRICS].registry.register(PoolGauges(cache))
     app[BINDER] = BinderSlot(binder)
     app.router.add_post("/filter", _verb("filter", _filter))
     app.router.add_post("/prioritize", _verb("prioritize", _prioritize))

@@ -185,6 +185,12 @@ class FgdPolicy(Policy):
         out: Array = self._frag[n] - after
         return out
 
+    def node_fragmentation(self) -> Array:
+        """F_n per fleet row (milli), as of now (a copy)."""
+        self._refresh()
+        out: Array = self._frag[: self.fleet.n].copy()
+        return out
+
     def fragmentation(self) -> float:
         """Cluster fragmentation F = sum_n F_n (milli)."""
         self._refresh()

@@ -1,0 +1,78 @@
+"""What each GPU pool holds, as Prometheus gauges computed at scrape time from the extender's own cache.
+
+A pool is the nodes of one GPU model sold one way (``backing``: whole GPUs, MIG, time-slicing or MPS replicas).
+Per pool:
+
+- ``gpu_tailor_pool_gpus``: the GPUs the nodes sell now (a degraded node's missing GPUs left out);
+- ``gpu_tailor_pool_gpus_used``: the GPUs held, shares added up (a quarter GPU is 0.25);
+- ``gpu_tailor_pool_gpus_idle``: GPUs nobody holds any part of;
+- ``gpu_tailor_pool_gpus_stranded``: idle GPUs on nodes left with less than ``FEED_CPU_MILLI`` of CPU or
+  ``FEED_MEMORY_MIB`` of memory, which no pod can use until something there ends;
+- ``gpu_tailor_pool_fragmentation_gpus``: the free GPU capacity the pod mix the extender has learnt could not use
+  where it is (FGD's measure, the one the policy lowers), in GPUs.
+
+Cordoned nodes, and nodes that sell no GPU yet (initializing), count in no pool. The values are the extender's
+view: which GPU a pod holds is a prediction on device-plugin pools (README).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+
+from gpu_tailor.extender.cache import Cache
+from gpu_tailor.gpumodel.devices.base import BackingKind
+from gpu_tailor.gpumodel.fleet import MILLI
+from gpu_tailor.gpumodel.inventory import NodeInventory
+
+FEED_CPU_MILLI = 1000
+FEED_MEMORY_MIB = 1024
+LABELS = ["model", "backing"]
+
+
+def backing(inv: NodeInventory) -> str:
+    kinds = {o.backing for o in inv.offerings if o.allocatable > 0}
+    if BackingKind.MIG in kinds:
+        return "mig"
+    if BackingKind.SHARED in kinds:
+        return next(o.sharing.value for o in inv.offerings if o.backing is BackingKind.SHARED)
+    return "whole" if kinds else "none"
+
+
+class PoolGauges:
+    """A Prometheus collector over ``cache`` (registered on the extender's registry)."""
+
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snap = self.cache.snapshot()
+        fleet = snap.fleet
+        frag = snap.policy.node_fragmentation()
+        pools: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0] * 5)
+        for name, info in snap.nodes.items():
+            state, inv = info.state, info.state.inventory
+            row = fleet.index.get(name)
+            sold = backing(inv)
+            if row is None or not fleet.alive[row] or not inv.has_gpus or sold == "none":
+                continue  # cordoned, gone, no GPUs, or none sold yet (initializing)
+            free = [s.free_milli for s in state.gpus.slots[: state.gpus.usable]]
+            idle = sum(f == MILLI for f in free)
+            starved = (inv.cpu_milli - state.cpu_used < FEED_CPU_MILLI
+                       or inv.memory_bytes // 2**20 - state.mem_used_mib < FEED_MEMORY_MIB)
+            pool = pools[(inv.model or "unknown", sold)]
+            for i, value in enumerate((len(free), sum(MILLI - f for f in free) / MILLI, idle, idle if starved else 0,
+                                       float(frag[row]) / MILLI if row < len(frag) else 0.0)):
+                pool[i] += value
+        families = [GaugeMetricFamily(f"gpu_tailor_pool_{key}", text, labels=LABELS) for key, text in (
+            ("gpus", "GPUs the pool's nodes sell now"),
+            ("gpus_used", "GPUs held by pods, shares added up"),
+            ("gpus_idle", "GPUs nobody holds any part of"),
+            ("gpus_stranded", "Idle GPUs on nodes without the CPU or memory left to feed a pod"),
+            ("fragmentation_gpus", "Free GPU capacity the learnt pod mix could not use where it is (FGD), in GPUs"))]
+        for key, values in sorted(pools.items()):
+            for family, value in zip(families, values, strict=True):
+                family.add_metric(list(key), value)
+        yield from families
