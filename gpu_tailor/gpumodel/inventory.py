@@ -99,6 +99,13 @@ def _sharing(node_labels: dict[str, str]) -> Sharing:
 
 
 def _health(facts: NodeFacts, reading: Reading, operator_labels: bool) -> Health:
+    state = facts.labels.get(labels.MIG_CONFIG_STATE)
+    if state is not None and state != "success":
+        # mig-manager moves labels and allocatable at different times while it re-cuts the GPUs (and may reboot
+        # the node): nothing it sells now is to be counted on until it says success
+        target = facts.labels.get(labels.MIG_CONFIG)
+        return Health(HealthState.RECONFIGURING, 0, f"MIG layout being changed: {labels.MIG_CONFIG_STATE}={state}"
+                      + (f" (to {labels.MIG_CONFIG}={target})" if target else ""))
     if reading.health is not None:
         return reading.health
     if facts.label_count is None and not facts.alloc and not operator_labels:

@@ -19,6 +19,8 @@ GPU_DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 MIG_STRATEGY = "nvidia.com/mig.strategy"  # none | single | mixed
 MIG_CAPABLE = "nvidia.com/mig.capable"
 MIG_CONFIG = "nvidia.com/mig.config"
+# mig-manager's progress applying nvidia.com/mig.config: pending, rebooting, failed or success
+MIG_CONFIG_STATE = "nvidia.com/mig.config.state"
 MPS_CAPABLE = "nvidia.com/mps.capable"
 MIG_LABEL_PREFIX = "nvidia.com/mig-"  # nvidia.com/mig-<profile>.count / .memory / .replicas
 

@@ -164,6 +164,8 @@ def inventory_verdict(inv: NodeInventory, demand: Demand) -> Fit | Offering:
         return Fit(False, "node has no NVIDIA GPUs", unresolvable=True)
     if state is HealthState.INITIALIZING:
         return Fit(False, inv.health.reason or "GPU stack initializing", unresolvable=True)
+    if state is HealthState.RECONFIGURING:  # it comes back, with a layout of its own: worth asking again
+        return Fit(False, inv.health.reason or "MIG layout being changed")
     if state is HealthState.INVALID_MIG:
         return Fit(False, inv.health.reason or "invalid MIG configuration", unresolvable=True)
     if demand.products and not (inv.product and any(inv.product.matches(p) for p in demand.products)):

@@ -55,6 +55,7 @@ class HealthState(StrEnum):
     HEALTHY = "healthy"
     DEGRADED = "degraded"
     INITIALIZING = "initializing"
+    RECONFIGURING = "reconfiguring"  # mig-manager is changing the MIG layout (nvidia.com/mig.config.state)
     INVALID_MIG = "invalid-mig"
     NO_GPU = "no-gpu"
 
