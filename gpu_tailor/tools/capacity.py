@@ -20,6 +20,7 @@ from gpu_tailor.gpumodel.fleet import MILLI, Fleet
 from gpu_tailor.gpumodel.policies.fgd import FgdPolicy, Mix
 from gpu_tailor.gpumodel.quantity import GIB
 from gpu_tailor.gpumodel.schedule import Demand, NodeState, fit, fleet_row, shape_of
+from gpu_tailor.tools.migadvice import Advice, UnsoldPod, advise
 from gpu_tailor.tools.source import Cluster
 
 # node labels that name a node pool, by cloud; the first one a node carries names its pool
@@ -105,6 +106,8 @@ class Report:
     pod_memory_mib: int
     dra: list[DraPoolRow] = field(default_factory=list)  # the DRA pools, where DRA is on
     dra_on: bool = False
+    unsold: list[UnsoldPod] = field(default_factory=list)  # Pending MIG pods no node can take now
+    mig_advice: list[Advice] = field(default_factory=list)  # a layout per MIG product that would place them
 
     def wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -248,8 +251,9 @@ def capacity(cluster: Cluster, cpu_milli: int = 1000, memory_mib: int = 4096, po
         p.fragmentation_pct = round(100 * p.fragmentation_gpus * MILLI / free_milli, 1) if free_milli else 0.0
         p.stranded_gpus = round(p.stranded_gpus, 2)
         pools.append(p)
+    unsold, advice = advise(infos, cluster.pods)
     return Report(cluster.source, pools, totals, said, problems, cpu_milli, memory_mib, dra_pools(cluster.dra),
-                  cluster.dra.enabled)
+                  cluster.dra.enabled, unsold, advice)
 
 
 # ----- for people -----
@@ -283,6 +287,13 @@ def table(r: Report) -> str:
                   for row in rows2]
     elif not r.dra_on:
         lines += ["", "DRA: off (the source has no resource.k8s.io/v1 objects, or the API server does not serve it)"]
+    if r.unsold:
+        lines += ["", "Pending pods whose MIG instance no node has free (none sells it, or all are taken):"]
+        lines += [f"  {u.pod}: {u.resource}" for u in r.unsold]
+    if r.mig_advice:
+        lines += ["", "MIG layouts that would place them (advice only: gpu-tailor relabels nothing; mig-manager "
+                      "re-cuts a node when its label changes):"]
+        lines += [f"  {a.line()}" for a in r.mig_advice]
     if r.problems:
         lines += ["", "Nodes that cannot take GPU pods as labelled:"]
         lines += [f"  {p['node']}: {p['state']}" + (f" ({p['reason']})" if p["reason"] else "") for p in r.problems]

@@ -1,0 +1,114 @@
+"""MIG layouts advised, never applied (issue 32): Pending pods whose MIG resource no node sells now, and per MIG pool
+the ``nvidia.com/mig.config`` of mig-parted's standard names that idle nodes could be re-cut to so that those pods
+find a place, with how many it would place and how many GPUs it would re-cut.
+
+The standard names are mig-parted's own (NVIDIA/mig-parted, the GPU operator's default ``config-default.yaml``):
+``all-<profile>`` cuts every GPU of a node into as many instances of one profile as fit, and ``all-balanced`` cuts
+each GPU of the A100/H100/H200 family into 2 x the smallest 1g profile, 1 x 2g and 1 x 3g (A30: 2 x 1g, 1 x 2g).
+Only nodes none of whose GPUs hold anything are proposed (mig-manager re-cuts a whole node, and evicts nothing it
+need not), the fewest that place the most pods. Nothing is relabelled: people decide.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_tailor.extender.snapshot import NodeInfo
+from gpu_tailor.gpumodel import labels, mig
+from gpu_tailor.gpumodel.devices.base import BackingKind, HealthState
+from gpu_tailor.gpumodel.resources import ResourceKind, parse_resource
+from gpu_tailor.gpumodel.schedule import demand_of
+
+
+@dataclass
+class UnsoldPod:
+    pod: str  # namespace/name
+    resource: str
+
+
+@dataclass
+class Advice:
+    sku: str  # A100-40GB
+    product: str  # as the nodes label it
+    config: str  # the nvidia.com/mig.config value
+    nodes: list[str] = field(default_factory=list)
+    gpus_recut: int = 0
+    places: int = 0
+    pending: int = 0  # the pool's Pending MIG pods that no node can take now
+    layout: dict[str, int] = field(default_factory=dict)  # instances per GPU
+
+    def line(self) -> str:
+        return (f"{self.product} ({self.sku}): label {', '.join(self.nodes)} {labels.MIG_CONFIG}={self.config} "
+                f"({', '.join(f'{n} x {p}' for p, n in self.layout.items())} per GPU): places {self.places} of "
+                f"{self.pending} Pending MIG pod(s), re-cuts {self.gpus_recut} GPU(s)")
+
+
+def layouts(sku: mig.MigSku) -> dict[str, dict[str, int]]:
+    """mig-parted's standard configs for ``sku``: instances of each profile on one GPU."""
+    out = {f"all-{p.name}": {p.name: p.max_instances} for p in sku.profiles}
+    by_slices = sorted(sku.profiles, key=lambda p: (p.compute_slices, p.span))
+    one, two = by_slices[0], next(p for p in by_slices if p.compute_slices == 2)
+    if sku.compute_slices == 7:
+        three = next(p for p in by_slices if p.compute_slices == 3)
+        out["all-balanced"] = {one.name: 2, two.name: 1, three.name: 1}
+    else:
+        out["all-balanced"] = {one.name: 2, two.name: 1}
+    return out
+
+
+def _mig_profile(resource: str) -> str | None:
+    parsed = parse_resource(resource)
+    return parsed.mig_profile if parsed is not None and parsed.kind is ResourceKind.MIG else None
+
+
+def advise(infos: list[NodeInfo], pods: list[dict[str, Any]]) -> tuple[list[UnsoldPod], list[Advice]]:
+    """The Pending MIG pods no node can take now, and per MIG product the layout that would place most of them."""
+    usable = [i for i in infos if not i.state.inventory.unschedulable
+              and i.state.inventory.health.state in (HealthState.HEALTHY, HealthState.DEGRADED)]
+    free: Counter[str] = Counter()
+    for info in usable:
+        for o in info.state.inventory.offerings:
+            free[str(o.resource)] += max(0, o.allocatable - info.state.units_used.get(str(o.resource), 0))
+    waiting: list[tuple[str, str, int]] = []  # pod, resource, units
+    for pod in pods:
+        if (pod.get("spec") or {}).get("nodeName") or (pod.get("status") or {}).get("phase") not in (None, "Pending"):
+            continue
+        demand = demand_of(pod)
+        if demand.gpu and not demand.error and _mig_profile(demand.resource):
+            waiting.append((demand.key, demand.resource, demand.units))
+    unsold, stuck = [], Counter[str]()
+    for key, resource, units in waiting:
+        if free[resource] >= units:
+            free[resource] -= units  # it has a place; the next one may not
+            continue
+        unsold.append(UnsoldPod(key, resource))
+        stuck[_mig_profile(resource) or ""] += units
+    advice: list[Advice] = []
+    by_product: dict[str, list[NodeInfo]] = {}
+    for info in usable:
+        inv = info.state.inventory
+        if inv.product is not None and any(o.backing is BackingKind.MIG for o in inv.offerings):
+            by_product.setdefault(inv.labels.get(labels.GPU_PRODUCT, inv.product.raw), []).append(info)
+    for product, members in sorted(by_product.items()):
+        sku = mig.sku_for_product(product)
+        if sku is None:
+            continue
+        want = {p: n for p, n in stuck.items() if sku.resolve(p) is not None}
+        if not want:
+            continue
+        idle = sorted((i for i in members if all(s.idle for s in i.state.gpus.slots)),
+                      key=lambda i: (i.state.inventory.gpu_count, i.state.inventory.name))
+        best: Advice | None = None
+        for config, per_gpu in layouts(sku).items():
+            gpus = 0
+            for k, info in enumerate(idle, start=1):
+                gpus += info.state.inventory.gpu_count
+                places = sum(min(n, per_gpu.get(p, 0) * gpus) for p, n in want.items())
+                if places and (best is None or (places, -gpus) > (best.places, -best.gpus_recut)):
+                    best = Advice(sku.key, product, config, [i.state.inventory.name for i in idle[:k]], gpus,
+                                  places, sum(want.values()), dict(per_gpu))
+        if best is not None:
+            advice.append(best)
+    return unsold, advice

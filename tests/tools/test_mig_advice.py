@@ -1,0 +1,68 @@
+"""MIG layouts advised (issue 32): ``capacity`` names the Pending pods whose MIG instance no node has free, and per
+MIG pool suggests a mig-parted standard layout for idle nodes that would place them, never relabelling anything."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from gpu_tailor.gpumodel import labels, mig
+from gpu_tailor.tools.capacity import capacity, table
+from gpu_tailor.tools.migadvice import layouts
+from gpu_tailor.tools.source import Cluster
+from tests.conftest import node_fixture
+
+
+def h100_cut_small(name: str) -> dict[str, Any]:
+    """An 8-GPU H100 node that mig-manager cut all-1g.10gb: 56 instances of 1g.10gb, nothing else."""
+    node = copy.deepcopy(node_fixture("a100-mig-mixed-0"))
+    node["metadata"]["name"] = name
+    node_labels = {k: v for k, v in node["metadata"]["labels"].items() if not k.startswith("nvidia.com/mig-")}
+    node_labels.update({"kubernetes.io/hostname": name, labels.GPU_PRODUCT: "NVIDIA-H100-80GB-HBM3",
+                        labels.MIG_CONFIG: "all-1g.10gb", "nvidia.com/mig-1g.10gb.count": "56",
+                        "nvidia.com/mig-1g.10gb.memory": "9856", "nvidia.com/mig-1g.10gb.replicas": "1",
+                        "nvidia.com/mig-1g.10gb.product": "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"})
+    node["metadata"]["labels"] = node_labels
+    for part in ("capacity", "allocatable"):
+        alloc = {k: v for k, v in node["status"][part].items() if not k.startswith("nvidia.com/mig-")}
+        node["status"][part] = alloc | {"nvidia.com/mig-1g.10gb": "56"}
+    return node
+
+
+def pod(name: str, resource: str, node: str = "") -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"limits": {resource: "1"},
+                                                                        "requests": {resource: "1"}}}]}
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "team-a", "uid": name},
+            "spec": spec, "status": {"phase": "Running" if node else "Pending"}}
+
+
+def test_pending_3g_pods_on_a_pool_cut_into_1g_get_a_layout_that_places_them() -> None:
+    busy = pod("small-0", "nvidia.com/mig-1g.10gb", node="h100-mig-a")  # h100-mig-a holds a pod: not re-cut
+    pending = [pod(f"big-{i}", "nvidia.com/mig-3g.40gb") for i in range(3)]
+    cluster = Cluster([h100_cut_small("h100-mig-a"), h100_cut_small("h100-mig-b")], [busy, *pending], None, "test")
+    report = capacity(cluster)
+    assert [(u.pod, u.resource) for u in report.unsold] == [(f"team-a/big-{i}", "nvidia.com/mig-3g.40gb")
+                                                            for i in range(3)]
+    (advice,) = report.mig_advice
+    assert (advice.sku, advice.nodes, advice.places, advice.pending, advice.gpus_recut) == (
+        "H100-80GB", ["h100-mig-b"], 3, 3, 8)
+    assert advice.layout.get("3g.40gb", 0) >= 1 and advice.config in layouts(mig.H100_80GB)
+    text = table(report)
+    assert "team-a/big-0: nvidia.com/mig-3g.40gb" in text
+    assert f"label h100-mig-b {labels.MIG_CONFIG}={advice.config}" in text and "places 3 of 3" in text
+
+
+def test_no_advice_where_every_pending_pod_has_a_place() -> None:
+    cluster = Cluster([h100_cut_small("h100-mig-a")], [pod("small", "nvidia.com/mig-1g.10gb")], None, "test")
+    report = capacity(cluster)
+    assert report.unsold == [] and report.mig_advice == []
+
+
+def test_the_standard_layouts_are_valid_cuts_of_their_gpu() -> None:
+    for sku in mig.SKUS:
+        for config, per_gpu in layouts(sku).items():
+            cut = [p for name, n in per_gpu.items() for p in [sku.resolve(name)] * n]
+            assert all(cut) and mig.fits_together(sku, [p for p in cut if p]), (sku.key, config)
+    assert layouts(mig.A100_40GB)["all-balanced"] == {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}
