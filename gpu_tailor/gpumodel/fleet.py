@@ -215,8 +215,9 @@ class Fleet:
 
         1. a whole free node (every GPU idle) last: the next job of all a node's GPUs needs one (even where the pod
            fills the node: exempting those placed 0.11 point less on gpuspec10 at 90% arrived);
-        2. the fewest GPUs idle on the node's largest NVLink domain (all of a node's idle GPUs where it has no NVLink
-           topology or an NVSwitch): a small free block is filled before a larger one is broken;
+        2. the fewest GPUs idle on the node's largest NVLink domain (all of a node's idle GPUs where it has an
+           NVSwitch, no NVLink at all (PCIe: any idle GPUs make the block) or no topology known): a small free block
+           is filled before a larger one is broken;
         3. the fewest GPUs it would leave stranded: idle, and beyond what the node's CPU and memory left could feed
            at the pod's own CPU and memory per GPU.
 
@@ -231,7 +232,7 @@ class Fleet:
             return whole
         idle = (self.gpu[rows] == MILLI).sum(axis=1)
         block = idle.copy()
-        for j in np.flatnonzero((self.link[rows] != NO_TOPOLOGY) & (self.link[rows] != ALL_NVLINK)):
+        for j in np.flatnonzero((self.link[rows] == NVLINK_PAIRS) | (self.link[rows] == OTHER_NVLINK)):
             topo = self.topologies[int(rows[j])]
             if topo is not None:
                 block[j] = topo.largest_nvlink_set(self.free_gpus(int(rows[j])))

@@ -11,6 +11,7 @@ import sys
 from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from importlib import resources
+from math import nan
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -292,7 +293,7 @@ def scheduled_table(runs: list[tuple[str, str, int, Meter]], top: int, largest: 
                           if failed[k])
         whole = [f"{mean(m.whole_nodes.get(mark, 0) for m in ms):.1f}" for mark in ("90", "100")]
         rows.append([scheduler, policy or "-", str(len(ms)),
-                     f"{mean(c['90'] for c in curves):.2f}", f"{mean(c['100'] for c in curves):.2f}",
+                     f"{mean(c.get('90', nan) for c in curves):.2f}", f"{mean(c.get('100', nan) for c in curves):.2f}",
                      f"{mean(c[str(top)] for c in curves):.2f}", kinds or "none", " / ".join(whole)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     cells = (enumerate(zip(r, widths, strict=True)) for r in rows)
@@ -334,7 +335,7 @@ def run_scheduled(args: argparse.Namespace) -> int:
         print(f"gpu-tailor simulate: {exc}", file=sys.stderr)
         return 2
     counts = {n.replicas for n in nodes if n.shared}
-    step = MILLI // counts.pop() if len(counts) == 1 else 0  # one pool size: shares rounded to whole replicas
+    per_gpu = counts.pop() if len(counts) == 1 else 0  # one pool size: shares rounded to whole replicas
     capacity = sum(n.node.gpus for n in nodes) * MILLI
     largest = max(n.node.gpus for n in nodes)
     shared = sum(n.shared for n in nodes)
@@ -343,10 +344,10 @@ def run_scheduled(args: argparse.Namespace) -> int:
           f"gpu-tailor's extender at weight {weight}")
     for note in notes:
         print(f"  {note}")
-    mix = [sim_pod(p, step) for p in template]
+    mix = [sim_pod(p, per_gpu) for p in template]
     runs: list[tuple[str, str, int, Meter]] = []
     for seed in seeds:
-        seq = [sim_pod(p, step) for p in arrivals(template, seed, capacity, args.inflate)]
+        seq = [sim_pod(p, per_gpu) for p in arrivals(template, seed, capacity, args.inflate)]
         for scheduler in schedulers:
             for policy in policies if scheduler == "gpu-tailor" else [""]:
                 meter = run_kube(nodes, seq, scheduler, seed, policy=policy or "tailor", mix=mix,

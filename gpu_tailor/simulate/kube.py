@@ -6,8 +6,10 @@ is one voice among kube-scheduler's: the extender's rank score at its weight bes
 is that scheduler, reduced to what differs between nodes when pods carry no affinity, spread or tolerations:
 
 - its filter counts CPU, memory and the device plugin's units per node: idle GPUs on nodes that sell them whole,
-  free replicas on time-sliced or MPS nodes (a fractional pod asks ``ceil(milli / (1000 / replicas))`` of them,
-  as the webhook rewrites it for that pool; it goes to shared nodes only, whole GPUs to the others);
+  free replicas on time-sliced or MPS nodes (a fractional pod asks ``ceil(milli x replicas / 1000)`` of them, as the
+  openb replay on a real control plane creates it: ``nvidia.com/gpu.shared: N``; the webhook itself sends a
+  portable ask to a pool only where one replica holds it, so on a cluster with gpu-tailor this is the model of
+  native asks for replicas; it goes to shared nodes only, whole GPUs to the others);
 - ``kube-default``: the default profile alone, LeastAllocated plus BalancedAllocation on CPU and memory, over the
   first feasible nodes its adaptive ``percentageOfNodesToScore`` finds (``pkg/scheduler/schedule_one.go``);
 - ``gpu-tailor``: gpu-tailor-scheduler as ``manifests/scheduler`` configures it, MostAllocated (GPU resources
@@ -71,13 +73,18 @@ class SimPod:
         return "cpu" if not s.gpus else "frac" if self.fractional else "1gpu" if s.gpus == 1 else "multi"
 
 
-def sim_pod(pod: TracePod, step: int = 0) -> SimPod:
-    """A trace pod; with ``step`` (one replica's milli, where every shared pool has the same) a fractional pod's
-    GPU share is rounded up to whole replicas, as the extender sees the rewritten pod."""
+def replicas_for(milli: int, replicas: int) -> int:
+    """The replicas of a pool of ``replicas`` per GPU that hold ``milli`` of one GPU (rounded up)."""
+    return -(-milli * replicas // MILLI)
+
+
+def sim_pod(pod: TracePod, replicas: int = 0) -> SimPod:
+    """A trace pod; with ``replicas`` (per GPU, where every shared pool has the same count) a fractional pod's GPU
+    share is rounded up to whole replicas, as the extender counts a pod asking for that many."""
     s = pod.shape
     if not (s.gpus and s.milli < MILLI):
         return SimPod(pod.name, s)
-    milli = math.ceil(s.milli / step) * step if step else s.milli
+    milli = min(replicas_for(s.milli, replicas) * MILLI // replicas, MILLI) if replicas else s.milli
     return SimPod(pod.name, Shape(s.cpu, s.mem, 1, milli, s.models), True)
 
 
@@ -96,6 +103,7 @@ class KubeModel:
     def __init__(self, fleet: Fleet, rows: np.ndarray, nodes: list[SimNode], seed: int) -> None:
         self.fleet, self.rows = fleet, rows
         self.shared = np.array([n.shared for n in nodes], bool)
+        self.replicas = np.array([n.replicas for n in nodes], np.int64)
         self.step = np.array([MILLI // n.replicas if n.replicas else MILLI for n in nodes], np.int64)
         self.cpu_cap, self.mem_cap = fleet.cpu[rows].copy(), fleet.mem[rows].copy()
         self.unit_cap = np.array([n.node.gpus * max(n.replicas, 1) for n in nodes], np.int64)
@@ -113,7 +121,7 @@ class KubeModel:
         """The device-plugin units the pod asks for on each node."""
         s = pod.shape
         if pod.fractional:
-            return np.asarray(-(-s.milli // self.step), np.int64)
+            return np.asarray(-(-s.milli * self.replicas // MILLI), np.int64)
         return np.full(len(self.rows), s.gpus, np.int64)
 
     def fits(self, pod: SimPod) -> np.ndarray:
@@ -204,9 +212,10 @@ class KubeModel:
         if not pod.fractional:
             fleet.take(at, pod.shape, gpus)
             return
-        step = int(self.step[int(np.flatnonzero(self.rows == at)[0])])
+        row = int(np.flatnonzero(self.rows == at)[0])
+        step = int(self.step[row])
         fleet.take(at, Shape(pod.shape.cpu, pod.shape.mem), ())
-        for _ in range(-(-pod.shape.milli // step)):
+        for _ in range(replicas_for(pod.shape.milli, int(self.replicas[row]))):
             free = fleet.gpu[at, : fleet.ngpu[at]]
             g = min((int(f), i) for i, f in enumerate(free) if f >= step)[1]
             fleet.take(at, Shape(0, 0, 1, step), (g,))
@@ -282,8 +291,9 @@ def run(nodes: list[SimNode], seq: list[SimPod], scheduler: str, seed: int, *, p
         engine = POLICIES[policy](fleet, seed)
     if engine is not None:
         configure(engine, ties, prior if policy != "fgd" else None)
-    largest = max((n.node.gpus for n in nodes), default=0)
-    biggest = np.flatnonzero(fleet.ngpu[: fleet.n] == largest) if largest else np.zeros(0, np.int64)
+    largest = max((n.node.gpus for n in nodes if not n.shared), default=0)
+    # whole nodes of the largest size that sell whole GPUs (a time-sliced node takes no whole-GPU job)
+    biggest = rows[(fleet.ngpu[rows] == largest) & ~kube.shared] if largest else np.zeros(0, np.int64)
     meter = Meter(fleet.capacity_milli() or 1)
     for i, pod in enumerate(seq):
         shape = pod.shape

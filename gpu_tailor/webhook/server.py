@@ -44,7 +44,9 @@ class Metrics:
                                ["outcome", "backing"], registry=self.registry)
         self.latency = Histogram("gpu_tailor_webhook_review_seconds", "Time to answer a review",
                                  registry=self.registry,
-                                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
+                                 # up to the longest timeoutSeconds (30 s): the slow-webhook alert compares to it
+                                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5, 5.0,
+                                          10.0, 30.0))
 
 
 class Templates:

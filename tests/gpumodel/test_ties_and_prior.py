@@ -131,3 +131,13 @@ def test_tailor_keeps_whole_nodes_and_the_papers_policies_keep_the_paper_order()
                                                               else (False, "whole")), name
         configure(engine, None)  # None leaves the policy's own
         assert engine.keep_whole_nodes == (name == "tailor")
+
+
+def test_on_pcie_boards_the_block_is_the_idle_gpus() -> None:
+    from gpu_tailor.gpumodel.topology import pcie
+
+    fleet = Fleet(width=8)
+    fleet.upsert("seven-idle", 96_000, 1_000_000, [MILLI] * 7 + [0], topology=pcie(8))
+    fleet.upsert("two-idle", 96_000, 1_000_000, [MILLI] * 2 + [0] * 6, topology=pcie(8))
+    # no NVLink at all: any idle GPUs make the block a multi-GPU pod takes, so the smaller one is filled first
+    assert order(fleet, Shape(0, 0, 2, MILLI), "multi-blocks") == [1, 0]

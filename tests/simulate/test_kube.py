@@ -161,3 +161,18 @@ def test_ties_and_prior_reach_the_replay(tmp_path: Path, capsys: pytest.CaptureF
     for bad in ("ten", "10:1.5", "-1"):
         assert main(["simulate", "--nodes", str(nodes_csv), "--pods", str(pods_csv), "--prior", bad]) == 2
         assert "--prior" in capsys.readouterr().err
+
+
+def test_whole_free_nodes_are_counted_among_the_nodes_that_sell_whole_gpus() -> None:
+    nodes = [hgx("whole-a"), SimNode(TraceNode("sliced-b", 96_000, 1_000_000, 8, "H100"), 4)]
+    seq = [SimPod(f"one-{i}", Shape(1000, 1000, 1, MILLI)) for i in range(16)]
+    meter = run(nodes, seq, "gpu-tailor", 42)
+    # the node that sells whole GPUs is full, the other 8 pods dropped; the time-sliced node, idle, can take no
+    # whole-GPU job, so no whole node is left
+    assert meter.where.count("whole-a") == 8 and meter.failed == {"1gpu": 8}
+    assert meter.whole_nodes == {"90": 0, "100": 0}
+
+
+def test_an_arrival_target_below_90_percent_prints_what_it_has(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--cluster-file", str(DUMP), "--inflate", "0.5"]) == 0
+    assert "nan" in capsys.readouterr().out  # no arrival reached 90%: said as nan, not a crash
