@@ -9,9 +9,9 @@ import math
 import random
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from importlib import resources
-from math import nan
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -88,6 +88,13 @@ def _one(job: tuple[str, str, str, int, float, str, str | None, str]) -> RunResu
                   ties=ties, prior=parse_prior(prior) if prior else None)
 
 
+def aligned(rows: list[list[str]], right: Callable[[int], bool]) -> list[str]:
+    """``rows`` as lines of columns two spaces apart, column ``i`` right-aligned where ``right(i)``."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) if right(i) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+            .rstrip() for r in rows]
+
+
 def table(results: list[RunResult], topology: str, refs: list[Headroom] | None = None) -> str:
     groups: dict[tuple[str, str], list[RunResult]] = defaultdict(list)
     for r in results:
@@ -109,9 +116,7 @@ def table(results: list[RunResult], topology: str, refs: list[Headroom] | None =
             multi = sum(r.multi_gpu_pods for r in rs)
             row.append(f"{100 * sum(r.multi_gpu_nvlinked for r in rs) / multi:.1f}%" if multi else "-")
         rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    cells = (enumerate(zip(r, widths, strict=True)) for r in rows)
-    out = "\n".join("  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in row) for row in cells)
+    out = "\n".join(aligned(rows, lambda i: i > 1))
     if refs:
         out += (f"\nGPU-only references at 100% arrived, mean of {len(refs)} seed(s), with CPU, memory, models and"
                 f" node boundaries ignored:\n  online best-fit {mean(r.online for r in refs):.2f}"
@@ -293,12 +298,10 @@ def scheduled_table(runs: list[tuple[str, str, int, Meter]], top: int, largest: 
                           if failed[k])
         whole = [f"{mean(m.whole_nodes.get(mark, 0) for m in ms):.1f}" for mark in ("90", "100")]
         rows.append([scheduler, policy or "-", str(len(ms)),
-                     f"{mean(c.get('90', nan) for c in curves):.2f}", f"{mean(c.get('100', nan) for c in curves):.2f}",
+                     f"{mean(c.get('90', math.nan) for c in curves):.2f}",
+                     f"{mean(c.get('100', math.nan) for c in curves):.2f}",
                      f"{mean(c[str(top)] for c in curves):.2f}", kinds or "none", " / ".join(whole)])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    cells = (enumerate(zip(r, widths, strict=True)) for r in rows)
-    lines = ("  ".join(c.rjust(w) if 2 <= i <= 5 else c.ljust(w) for i, (c, w) in row) for row in cells)
-    return "\n".join(line.rstrip() for line in lines)
+    return "\n".join(aligned(rows, lambda i: 2 <= i <= 5))
 
 
 def run_scheduled(args: argparse.Namespace) -> int:

@@ -29,11 +29,9 @@ def configure(engine: Policy, ties: str | None, prior: Prior | None = None) -> N
     """How ``engine`` breaks ties between placements it scores alike (``TIES``; None: as its policy does) and the
     prior its learnt mix starts from (None: as it is); the same for the extender (its ``--config``) and the
     simulator (``--ties``, ``--prior``)."""
-    if ties is None:
-        pass
-    elif ties not in TIES:
-        raise ValueError(f"ties {ties!r}: expected one of {', '.join(TIES)}")
-    else:
+    if ties is not None:
+        if ties not in TIES:
+            raise ValueError(f"ties {ties!r}: expected one of {', '.join(TIES)}")
         engine.keep_whole_nodes = ties != "rank"
         engine.tie_keys = ties if ties != "rank" else "whole"
     if prior is not None and isinstance(engine, FgdPolicy):
