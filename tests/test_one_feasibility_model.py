@@ -6,8 +6,8 @@ Hypothesis draws nodes of every backing the simulator models (whole GPUs on NVSw
 and PCIe boards, healthy or degraded; time-sliced and MPS replicas, renamed or not), binds a random
 sequence of pods through the extender's real cache, rebuilds the same node the way the simulator
 does (a full row, then ``Fleet.take`` for each pod on the GPUs the extender recorded), and asks
-both about one more pod. The simulator places a replica where its ``bestfit`` policy puts it, which
-is the device plugin's best fit that the extender predicts.
+both about one more pod. The simulator places a replica where the node's device plugin would put it
+(``Fleet.pick``: by default its ``distributed`` policy), which is what the extender predicts.
 
 Out of scope, because the simulator does not model them: MIG (the trace has no MIG) and several
 replicas in one ask (the fleet models a pod as N GPUs of one share each).
@@ -104,7 +104,8 @@ def simulator_fleet(cache: Cache, node: dict[str, Any], bound: list[dict[str, An
     usable = inv.usable_gpus
     fleet = Fleet()
     row = fleet.upsert(NODE, inv.cpu_milli, inv.memory_bytes // 2**20,
-                       [1000] * usable + [0] * (inv.gpu_count - usable), inv.model, state.gpus.topology)
+                       [1000] * usable + [0] * (inv.gpu_count - usable), inv.model, state.gpus.topology,
+                       pick=fleet_row(state).pick)
     for pod in bound:
         demand = demand_of(pod)
         gpus = tuple(int(g) for g in pod["metadata"]["annotations"][labels.ANN_GPUS].split(","))

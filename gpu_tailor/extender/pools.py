@@ -60,7 +60,7 @@ class PoolGauges:
             sold = backing(inv)
             if inv.unschedulable or not inv.has_gpus or sold == "none":
                 continue  # cordoned, no GPUs, or none sold yet (initializing)
-            free = [s.free_milli for s in state.gpus.slots[: state.gpus.usable]]
+            free = [s.free_milli for s in state.gpus.usable_slots()]
             idle = sum(f == MILLI for f in free)
             starved = (inv.cpu_milli - state.cpu_used < FEED_CPU_MILLI
                        or inv.memory_bytes // 2**20 - state.mem_used_mib < FEED_MEMORY_MIB)

@@ -415,8 +415,10 @@ class BindPlan:
     @property
     def gpus(self) -> str | None:
         """The ``gpu-tailor.io/gpus`` annotation to write; None when no GPU of it is known (a MIG layout
-        that cannot be told: the units are counted, not placed)."""
-        known = self.placement.gpus if self.placement is not None else ()
+        that cannot be told: the units are counted, not placed; a degraded node whose unsold GPUs are
+        not known: the GPUs are bookkeeping, not a promise)."""
+        p = self.placement
+        known = p.gpus if p is not None and not p.counted else ()
         return format_gpu_annotation(known) if known else None
 
 

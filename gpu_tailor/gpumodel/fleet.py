@@ -76,6 +76,13 @@ class Shape:
 
 
 
+# Which GPU of a node a sharing pod goes to: the policy's choice (the simulator's GPU-sharing
+# scheduler), or the node's device plugin's (replicas, ``occupancy.ReplicaPolicy``): the GPU with the
+# most free (distributed, spread), or the least free that fits (packed). Replicas of one node are all
+# alike, so free share orders the GPUs as their replica counts do.
+PICK_ANY, PICK_MOST_FREE, PICK_LEAST_FREE = 0, 1, 2
+
+
 class Fleet:
     """Free resources of every node, as arrays; rows are node slots, stable for a node's life."""
 
@@ -98,6 +105,7 @@ class Fleet:
         self.rank = np.zeros(cap, np.int64)  # score ties go to the lowest rank
         self.gen = np.zeros(cap, np.int64)  # bumped on every change: caches refresh those rows
         self.link = np.zeros(cap, np.int64)  # NO_TOPOLOGY, ALL_NVLINK, ...
+        self.pick = np.zeros(cap, np.int64)  # PICK_ANY, PICK_MOST_FREE, PICK_LEAST_FREE
         self.max_cpu = 1
         self.max_gpus = 1
 
@@ -115,7 +123,7 @@ class Fleet:
         if cap == len(self.cpu) and width <= self.width:
             return
         width = max(width, self.width)
-        for attr in ("cpu", "mem", "cpu_cap", "ngpu", "rank", "gen", "link"):
+        for attr in ("cpu", "mem", "cpu_cap", "ngpu", "rank", "gen", "link", "pick"):
             old = getattr(self, attr)
             new = np.zeros(cap, old.dtype)
             new[: len(old)] = old
@@ -131,8 +139,9 @@ class Fleet:
         self.gpu, self.width = gpu, width
 
     def upsert(self, name: str, cpu_free: int, mem_free: int, gpu_free: Sequence[int], model: str = "",
-               topology: GpuTopology | None = None, cpu_capacity: int | None = None) -> int:
-        """Add a node or replace what is known of it; returns its row."""
+               topology: GpuTopology | None = None, cpu_capacity: int | None = None, pick: int = PICK_ANY) -> int:
+        """Add a node or replace what is known of it; returns its row. ``pick``: who picks a sharing
+        pod's GPU there (``PICK_ANY``: the policy)."""
         i = self.index.get(name)
         if i is None:
             i = self.n
@@ -152,6 +161,7 @@ class Fleet:
         self.ngpu[i] = len(gpu_free)
         self.model[i] = self.model_id(model) if model else -1
         self.link[i] = _link_class(topology, len(gpu_free))
+        self.pick[i] = pick
         self.alive[i] = True
         self.gen[i] += 1
         self.max_cpu = max(self.max_cpu, int(self.cpu_cap[i]))
@@ -296,6 +306,15 @@ def candidates(fleet: Fleet, shape: Shape, rows: Array) -> PlacementCandidates:
         # GPUs of one node with the same free share are interchangeable: keep the lowest index
         _, first = np.unique(i * (MILLI + 1) + before, return_index=True)
         i, g, before = i[first], g[first], before[first]
+        pick = fleet.pick[rows[i]]
+        if pick.any():  # where the device plugin picks the GPU, that GPU is the only placement
+            most = np.full(len(rows), -1, np.int64)
+            np.maximum.at(most, i, before)
+            least = np.full(len(rows), MILLI + 1, np.int64)
+            np.minimum.at(least, i, before)
+            keep = (pick == PICK_ANY) | ((pick == PICK_MOST_FREE) & (before == most[i])) | \
+                   ((pick == PICK_LEAST_FREE) & (before == least[i]))
+            i, g, before = i[keep], g[keep], before[keep]
         return PlacementCandidates(rows[i], g, before, before - shape.milli, np.ones(len(i), np.int64))
     n = len(rows)
     full = np.full(n, MILLI, np.int64)

@@ -28,6 +28,7 @@ from gpu_tailor.gpumodel.devices.base import (
     UnitsRefusal,
     int_label,
 )
+from gpu_tailor.gpumodel.occupancy import ReplicaPolicy
 from gpu_tailor.gpumodel.products import Product, normalise
 from gpu_tailor.gpumodel.quantity import QuantityError, parse_bytes, parse_count, parse_quantity
 from gpu_tailor.gpumodel.resources import NvidiaResource, parse_resource
@@ -56,6 +57,7 @@ class NodeInventory:
     memory_bytes: int
     unschedulable: bool = False
     problems: tuple[str, ...] = field(default=())  # labels that could not be read
+    replica_policy: ReplicaPolicy = ReplicaPolicy.DISTRIBUTED  # how the device plugin hands out replicas here
 
     @property
     def model(self) -> str:
@@ -202,5 +204,19 @@ def from_node(node: dict[str, Any]) -> NodeInventory:
         cpu_milli=cpu_milli,
         memory_bytes=memory_bytes,
         unschedulable=bool(spec.get("unschedulable")),
+        replica_policy=_replica_policy(node_labels, problems),
         problems=tuple(problems),
     )
+
+
+def _replica_policy(node_labels: dict[str, str], problems: list[str]) -> ReplicaPolicy:
+    """The pool's ``gpu-tailor.io/replica-policy`` label; the device plugin's default when absent or unknown."""
+    raw = node_labels.get(labels.REPLICA_POLICY_LABEL)
+    if raw is None:
+        return ReplicaPolicy.DISTRIBUTED
+    try:
+        return ReplicaPolicy(raw)
+    except ValueError:
+        problems.append(f"label {labels.REPLICA_POLICY_LABEL}={raw!r} is not one of "
+                        f"{', '.join(p.value for p in ReplicaPolicy)}: read as distributed")
+        return ReplicaPolicy.DISTRIBUTED

@@ -26,6 +26,8 @@ MIG_LABEL_PREFIX = "nvidia.com/mig-"  # nvidia.com/mig-<profile>.count / .memory
 
 # Not published by GFD; an operator may set it to describe the GPU interconnect of a node.
 TOPOLOGY_LABEL = "gpu-tailor.io/gpu-topology"  # nvswitch | nvlink-pairs | pcie
+# how the pool's device plugin hands out replicas (--shared-devices-allocation-policy): distributed | packed | spread
+REPLICA_POLICY_LABEL = "gpu-tailor.io/replica-policy"
 
 # --- NVIDIA extended resources -----------------------------------------------------------------
 RESOURCE_DOMAIN = "nvidia.com"

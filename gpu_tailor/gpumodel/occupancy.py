@@ -15,10 +15,30 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from gpu_tailor.gpumodel.topology import GpuTopology, pcie
 
 FULL = 1000
+
+
+class ReplicaPolicy(StrEnum):
+    """How NVIDIA's device plugin picks the replicas of a shared GPU for a container, one at a time
+    (``--shared-devices-allocation-policy``; k8s-device-plugin ``internal/rm/allocate.go``):
+
+    * ``distributed`` (the plugin's default, and its only behaviour before v0.20): a GPU with the
+      fewest replicas allocated;
+    * ``packed``: a GPU with the most replicas allocated that still has a free one;
+    * ``spread``: a GPU this container has no replica of yet, then as ``distributed`` (the plugin's
+      main branch, in no release as of 2026-11).
+
+    Among GPUs that rank alike the plugin takes whichever its map and sort order give first, so the
+    prediction is a set: ``NodeGpus.predict_replicas``.
+    """
+
+    DISTRIBUTED = "distributed"
+    PACKED = "packed"
+    SPREAD = "spread"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +58,12 @@ class Placement:
     replicas: int = 0  # replicas of a shared GPU, per entry
     unplaced: int = 0  # units held on no known GPU
     note: str = ""
+    # a prediction among equals: every GPU the device plugin may hand one of these units (``gpus`` is
+    # one such choice, the one the annotation records); empty when there was one choice, or the GPUs are known
+    maybe: tuple[int, ...] = ()
+    # the GPUs are bookkeeping, not a prediction: a degraded node whose unsold GPUs are not known
+    # (``NodeGpus.per_gpu_known``); the units are counted there and no GPU is promised or annotated
+    counted: bool = False
 
     @property
     def units(self) -> int:
@@ -72,22 +98,42 @@ class NodeGpus:
     """The GPUs of one node and what is placed on them, kept by pod key (``namespace/name``)."""
 
     def __init__(self, count: int, memory_mib: int, topology: GpuTopology | None = None,
-                 usable: int | None = None) -> None:
+                 usable: int | None = None, policy: ReplicaPolicy = ReplicaPolicy.DISTRIBUTED) -> None:
         self.slots = [GpuSlot(i, memory_mib) for i in range(count)]
         self.topology = topology if topology is not None and topology.size == count else pcie(count)
-        self.usable = count if usable is None else min(count, usable)  # degraded nodes: the first `usable`
+        self.usable = count if usable is None else min(count, usable)
+        self._sold = self.usable  # as the node's allocatable counts them
+        # which GPUs the device plugin does not sell (a node agent's report); None: not known, and on a
+        # degraded node the bookkeeping then takes the first ``usable`` GPUs, a guess it promises nothing by
+        self.unhealthy: frozenset[int] | None = None
+        self.policy = policy  # how the device plugin hands out replicas here
         self.placements: dict[str, Placement] = {}
+
+    @property
+    def per_gpu_known(self) -> bool:
+        """Whether which GPU is which can be promised: every GPU is sold, or the agent said which are not."""
+        return self.unhealthy is not None or self.usable == len(self.slots)
+
+    def usable_slots(self) -> list[GpuSlot]:
+        if self.unhealthy is None:
+            return self.slots[: self.usable]
+        return [s for s in self.slots if s.index not in self.unhealthy]
+
+    def set_unhealthy(self, gpus: Iterable[int] | None) -> None:
+        """What a node agent reports the device plugin does not sell (None: forget it, back to the guess)."""
+        self.unhealthy = frozenset(g for g in gpus if 0 <= g < len(self.slots)) if gpus is not None else None
+        self.usable = len(self.slots) - len(self.unhealthy) if self.unhealthy is not None else self._sold
 
     # --- queries -------------------------------------------------------------------------------
     def free_whole(self) -> list[int]:
-        return [s.index for s in self.slots[: self.usable] if s.idle]
+        return [s.index for s in self.usable_slots() if s.idle]
 
     def free_milli_total(self) -> int:
-        return sum(s.free_milli for s in self.slots[: self.usable])
+        return sum(s.free_milli for s in self.usable_slots())
 
     def fitting_shares(self, milli: int, memory_mib: int = 0) -> list[int]:
         """GPUs with at least ``milli`` and ``memory_mib`` free for a share (no MIG on them)."""
-        return [s.index for s in self.slots[: self.usable]
+        return [s.index for s in self.usable_slots()
                 if not s.mig and s.free_milli >= milli and s.free_memory_mib >= memory_mib]
 
     def copy(self) -> NodeGpus:
@@ -95,7 +141,8 @@ class NodeGpus:
         other = NodeGpus.__new__(NodeGpus)
         other.slots = [GpuSlot(s.index, s.memory_mib, s.whole_by, s.milli_used, s.memory_used_mib,
                                s.replicas_used, list(s.mig), set(s.pods)) for s in self.slots]
-        other.topology, other.usable = self.topology, self.usable
+        other.topology, other.usable, other.policy = self.topology, self.usable, self.policy
+        other.unhealthy, other._sold = self.unhealthy, self._sold
         other.placements = dict(self.placements)
         return other
 
@@ -150,27 +197,52 @@ class NodeGpus:
         return self.topology.best_set(self.free_whole(), k)
 
     def predict_share(self, milli: int, memory_mib: int = 0) -> int | None:
-        """Best fit: the fitting GPU with the least free compute (lowest index on ties)."""
-        fits = self.fitting_shares(milli, memory_mib)
-        return min(fits, key=lambda g: (self.slots[g].free_milli, g)) if fits else None
+        """The GPU one replica of ``milli`` would get (the lowest index among the GPUs the plugin may pick)."""
+        where, _ = self.predict_replicas(1, milli, memory_mib)
+        return where[0] if where else None
 
     def predict_units(self, n: int, milli: int) -> tuple[int, ...]:
-        """The GPU of each of ``n`` replicas (``milli`` each), chosen one at a time as for a one-replica
-        pod, each seeing the ones before it. Fewer than ``n`` when room runs out.
+        """The GPU of each of ``n`` replicas (``milli`` each): ``predict_replicas``'s first part."""
+        return self.predict_replicas(n, milli)[0]
 
-        The device plugin hands a container any ``n`` free units, from one GPU or several; Kubernetes
-        only checks the node's count. So several units are not one bigger share that must fit one GPU.
+    def predict_replicas(self, n: int, milli: int, memory_mib: int = 0) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Where a container's ``n`` replicas go, as the device plugin picks them under ``policy``: one GPU
+        per replica (fewer when room runs out) and, when the plugin may pick others that rank alike, every
+        GPU it may hand any of them (sorted; else empty).
+
+        Replicas are picked one at a time, each seeing the ones before it; the device plugin hands a
+        container any ``n`` free units, from one GPU or several (Kubernetes only checks the node's count),
+        so several units are not one bigger share that must fit one GPU. Of GPUs that rank alike the
+        lowest index is the one written down, and the following picks see that choice.
         """
-        trial = self if n == 1 else self.copy()  # the node itself is never changed
+        fits = {g: self.slots[g].replicas_used for g in self.fitting_shares(milli, memory_mib)}
+        room = {g: self.slots[g].free_milli // milli if milli > 0 else n for g in fits}
+        mine: dict[int, int] = {}  # replicas of this container per GPU (``spread``)
         out: list[int] = []
-        for i in range(n):
-            g = trial.predict_share(milli)
-            if g is None:
+        maybe: set[int] = set()
+        policy = self.policy
+        for _ in range(n):
+            open_ = [g for g in fits if room[g] > 0]
+            if not open_:
                 break
+            if policy is ReplicaPolicy.PACKED:
+                rank = {g: -fits[g] for g in open_}
+            elif policy is ReplicaPolicy.SPREAD:
+                rank = {g: (mine.get(g, 0) > 0) * (1 << 20) + fits[g] for g in open_}
+            else:
+                rank = {g: fits[g] for g in open_}
+            best = min(rank.values())
+            alike = [g for g in open_ if rank[g] == best]
+            g = alike[0]
+            if len(alike) > 1:
+                maybe.update(alike)
             out.append(g)
-            if i + 1 < n:
-                trial.place(f"\0unit-{i}", Placement((g,), milli, whole=False, replicas=1))
-        return tuple(out)
+            fits[g] += 1
+            room[g] -= 1
+            mine[g] = mine.get(g, 0) + 1
+        if maybe:
+            maybe.update(out)
+        return tuple(out), tuple(sorted(maybe))
 
 
 def parse_gpu_annotation(value: str) -> tuple[int, ...] | None:

@@ -16,9 +16,9 @@ from typing import Any
 from gpu_tailor.gpumodel import devices, labels
 from gpu_tailor.gpumodel.ask import PodAsk, Topology, from_pod, kube_effective
 from gpu_tailor.gpumodel.devices.base import Fit as Fit
-from gpu_tailor.gpumodel.fleet import Shape
-from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, Offering, UnitsRefusal
-from gpu_tailor.gpumodel.occupancy import NodeGpus, Placement, parse_gpu_annotation
+from gpu_tailor.gpumodel.fleet import PICK_ANY, PICK_LEAST_FREE, PICK_MOST_FREE, Shape
+from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, Offering, Sharing, UnitsRefusal
+from gpu_tailor.gpumodel.occupancy import NodeGpus, Placement, ReplicaPolicy, parse_gpu_annotation
 from gpu_tailor.gpumodel.quantity import parse_quantity
 from gpu_tailor.gpumodel.topology import GpuTopology, infer
 
@@ -124,20 +124,28 @@ class FleetRow:
     model: str
     topology: GpuTopology
     cpu_capacity: int
+    pick: int = PICK_ANY  # who picks a replica's GPU (``fleet.PICK_*``)
+
+
+_PICKS = {ReplicaPolicy.DISTRIBUTED: PICK_MOST_FREE, ReplicaPolicy.SPREAD: PICK_MOST_FREE,
+          ReplicaPolicy.PACKED: PICK_LEAST_FREE}
 
 
 def fleet_row(node: NodeState) -> FleetRow:
     """The one conversion from the extender's node to the fleet's row, for the extender's scoring and
     for the check that the fleet (the simulator's model) agrees with ``fit``."""
     inv, gpus = node.inventory, node.gpus
-    free = tuple(s.free_milli if i < gpus.usable else 0 for i, s in enumerate(gpus.slots))
+    sold = {s.index for s in gpus.usable_slots()}
+    free = tuple(s.free_milli if s.index in sold else 0 for s in gpus.slots)
+    pick = _PICKS[gpus.policy] if inv.sharing is not Sharing.NONE else PICK_ANY
     return FleetRow(inv.cpu_milli - node.cpu_used, inv.memory_bytes // 2**20 - node.mem_used_mib, free, inv.model,
-                    gpus.topology, inv.cpu_milli)
+                    gpus.topology, inv.cpu_milli, pick)
 
 
 def node_state(inv: NodeInventory) -> NodeState:
     topo = infer(inv.model, inv.product.raw if inv.product else "", inv.gpu_count, inv.labels)
-    return NodeState(inv, NodeGpus(inv.gpu_count, inv.gpu_memory_mib, topo, usable=inv.usable_gpus))
+    return NodeState(inv, NodeGpus(inv.gpu_count, inv.gpu_memory_mib, topo, usable=inv.usable_gpus,
+                                   policy=inv.replica_policy))
 
 
 def shape_of(demand: Demand, offering: Offering | None) -> Shape:

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, node_order, tie_order
-from gpu_tailor.gpumodel.fleet import MILLI, Fleet, Shape
+from gpu_tailor.gpumodel.fleet import MILLI, PICK_LEAST_FREE, PICK_MOST_FREE, Fleet, Shape
+from gpu_tailor.gpumodel.occupancy import ReplicaPolicy
 from gpu_tailor.gpumodel.policies import POLICIES, FgdPolicy, Mix, Policy, Prior, configure
 from gpu_tailor.simulate.trace import TraceNode, TracePod, _curve, build_fleet
 
@@ -49,6 +50,7 @@ class SimNode:
 
     node: TraceNode
     replicas: int = 0  # time-sliced or MPS replicas per GPU; 0: whole GPUs
+    policy: ReplicaPolicy = ReplicaPolicy.DISTRIBUTED  # how its device plugin hands out replicas
 
     @property
     def name(self) -> str:
@@ -107,6 +109,10 @@ class KubeModel:
         self.step = np.array([MILLI // n.replicas if n.replicas else MILLI for n in nodes], np.int64)
         self.cpu_cap, self.mem_cap = fleet.cpu[rows].copy(), fleet.mem[rows].copy()
         self.unit_cap = np.array([n.node.gpus * max(n.replicas, 1) for n in nodes], np.int64)
+        self.packed = np.array([n.policy is ReplicaPolicy.PACKED for n in nodes], bool)
+        self.spread = np.array([n.policy is ReplicaPolicy.SPREAD for n in nodes], bool)
+        # the extender's fleet: on shared nodes the device plugin picks a replica's GPU (``Fleet.pick``)
+        fleet.pick[rows] = np.where(self.shared, np.where(self.packed, PICK_LEAST_FREE, PICK_MOST_FREE), 0)
         self.rng = random.Random(seed)
         self.next_start = 0  # the default profile's round-robin start (percentageOfNodesToScore)
 
@@ -206,8 +212,9 @@ class KubeModel:
 
     def place(self, at: int, pod: SimPod, gpus: tuple[int, ...]) -> None:
         """What the bind leaves on the node (a fleet row). Replicas as the extender records them
-        (``Replicas.fit``): one at a time, each on the fitting GPU with the least free compute, lowest index on
-        ties."""
+        (``NodeGpus.predict_replicas``): one at a time, each where the node's device plugin would put it -- by
+        default the GPU with the most free (fewest replicas), packed the fitting one with the least, spread first
+        the GPUs the pod has none on -- lowest index on ties."""
         fleet = self.fleet
         if not pod.fractional:
             fleet.take(at, pod.shape, gpus)
@@ -215,9 +222,12 @@ class KubeModel:
         row = int(np.flatnonzero(self.rows == at)[0])
         step = int(self.step[row])
         fleet.take(at, Shape(pod.shape.cpu, pod.shape.mem), ())
+        sign = 1 if self.packed[row] else -1
+        mine: set[int] = set()
         for _ in range(replicas_for(pod.shape.milli, int(self.replicas[row]))):
             free = fleet.gpu[at, : fleet.ngpu[at]]
-            g = min((int(f), i) for i, f in enumerate(free) if f >= step)[1]
+            g = min((self.spread[row] and i in mine, sign * int(f), i) for i, f in enumerate(free) if f >= step)[2]
+            mine.add(g)
             fleet.take(at, Shape(0, 0, 1, step), (g,))
 
 

@@ -186,7 +186,7 @@ def _fragmentation(infos: list[NodeInfo], mix: Mix) -> float:
     for info in infos:
         row = fleet_row(info.state)
         fleet.upsert(info.state.name, row.cpu_free, row.mem_free_mib, row.gpu_free, row.model, row.topology,
-                     cpu_capacity=row.cpu_capacity)
+                     cpu_capacity=row.cpu_capacity, pick=row.pick)
     return FgdPolicy(fleet, mix=mix).fragmentation() / MILLI
 
 
@@ -224,7 +224,7 @@ def capacity(cluster: Cluster, cpu_milli: int = 1000, memory_mib: int = 4096, po
             state, inv = info.state, info.state.inventory
             p.gpus += inv.gpu_count
             p.unavailable += inv.gpu_count - state.gpus.usable
-            for slot in state.gpus.slots[:state.gpus.usable]:
+            for slot in state.gpus.usable_slots():
                 if slot.idle:
                     p.free += 1
                 else:

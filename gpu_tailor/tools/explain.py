@@ -56,6 +56,7 @@ class NodeVerdict:
     unresolvable: bool = False  # the extender says no eviction would help
     score: int | None = None  # prioritize's 0..10, for the nodes that fit
     gpus: list[int] | None = None  # what bind would hand out there (None: no GPU ask, or counted only)
+    maybe: list[int] | None = None  # the GPUs the device plugin may pick among, where it is not one (replicas)
     nvlink: str = ""  # for several whole GPUs: whether those GPUs are all NVLink-connected
     detail: str = ""  # for people: how much is free of what is short, or that a degraded node is scored last
 
@@ -73,6 +74,7 @@ class Explanation:
     nodes: list[NodeVerdict]
     chosen: str | None = None
     gpus: list[int] | None = None
+    maybe: list[int] | None = None  # as NodeVerdict.maybe, on the chosen node
     nvlink: str = ""
     pending: str = ""  # kube-scheduler's FailedScheduling message when no node fits
     notes: list[str] = field(default_factory=list)
@@ -252,8 +254,11 @@ def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
             if plan.error:
                 v.fits, v.by, v.reasons = False, "gpu-tailor extender", [plan.error]
                 continue
-            if plan.placement is not None and plan.placement.gpus:
+            if plan.placement is not None and plan.placement.counted:
+                v.detail = "; ".join(d for d in (v.detail, "which GPUs is not known: counted only") if d)
+            elif plan.placement is not None and plan.placement.gpus:
                 v.gpus = list(plan.placement.gpus)
+                v.maybe = list(plan.placement.maybe) or None
                 if plan.placement.whole:
                     v.nvlink = _nvlink(snap.nodes[name].state.gpus.topology, v.gpus, demand)
     return list(verdicts.values()), demand
@@ -278,7 +283,7 @@ def explain(pod: Obj, subject: str, cluster: Cluster, policy: AdmissionPolicy) -
     fitting = [v for v in out.nodes if v.fits]
     if fitting:
         best = max(fitting, key=lambda v: v.score or 0)  # the first of the best, in name order
-        out.chosen, out.gpus, out.nvlink = best.node, best.gpus, best.nvlink
+        out.chosen, out.gpus, out.maybe, out.nvlink = best.node, best.gpus, best.maybe, best.nvlink
         ties = [v.node for v in fitting if v.score == best.score and v is not best]
         if ties:
             notes.append(f"{', '.join(ties)} score{'s' if len(ties) == 1 else ''} the same as {best.node}: "
@@ -289,9 +294,19 @@ def explain(pod: Obj, subject: str, cluster: Cluster, policy: AdmissionPolicy) -
 
 
 # ----- for people -----
+def _either(gpus: list[int]) -> str:
+    """``[2, 3]`` -> ``2 or 3``, ``[1, 2, 3]`` -> ``1, 2 or 3``."""
+    *head, last = map(str, gpus)
+    return f"{', '.join(head)} or {last}" if head else last
+
+
 def _gpus(v: NodeVerdict) -> str:
     if v.gpus is None:
         return "-"
+    if v.maybe:  # the device plugin picks among GPUs that rank alike: say the set, not one
+        one = len(v.gpus) == 1
+        return ("GPU " + _either(v.maybe) if one else
+                f"{len(v.gpus)} replicas on GPUs {','.join(map(str, v.maybe))}") + " (the device plugin picks)"
     return "GPU " + ",".join(map(str, v.gpus)) + (f" ({v.nvlink})" if v.nvlink else "")
 
 

@@ -558,13 +558,14 @@ async def test_replicas_of_one_ask_take_free_replicas_of_several_gpus(client_for
 
 
 @pytest.mark.parametrize(("node", "resource", "gpus"), [
-    ("t4-timeslice-renamed-0", labels.GPU_SHARED_RESOURCE, (0, 0)),
+    ("t4-timeslice-renamed-0", labels.GPU_SHARED_RESOURCE, (0, 1)),
     ("a100-mig-mixed-0", "nvidia.com/mig-1g.5gb", (0, 0)),
 ], ids=["replicas", "mig-instances"])
 def test_several_units_sit_where_that_many_one_unit_pods_would(node: str, resource: str,
                                                                gpus: tuple[int, ...]) -> None:
-    """One model for one unit and for several: each unit goes where a one-unit pod would, so on an idle
-    node they stack on one GPU (the share packing scores them as), and each is counted there."""
+    """One model for one unit and for several: each unit goes where a one-unit pod would, and each is
+    counted there: on an idle node MIG instances stack on one GPU, replicas spread (the device plugin's
+    default ``distributed`` policy hands out a GPU with the fewest replicas)."""
     state = cluster()
     two = fit(state.nodes[node], demand_of(gpu_pod("two", 2, resource=resource)))
     ones = state.nodes[node].gpus.copy()

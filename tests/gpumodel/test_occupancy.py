@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from gpu_tailor.gpumodel.occupancy import NodeGpus, Placement, format_gpu_annotation, parse_gpu_annotation
+from gpu_tailor.gpumodel.occupancy import (
+    NodeGpus,
+    Placement,
+    ReplicaPolicy,
+    format_gpu_annotation,
+    parse_gpu_annotation,
+)
 from gpu_tailor.gpumodel.topology import nvlink_pairs
 
 
@@ -91,10 +97,12 @@ def test_copy_is_independent_of_the_original() -> None:
 
 
 def test_several_units_are_predicted_one_at_a_time() -> None:
-    node = NodeGpus(2, 16000)
+    node = NodeGpus(2, 16000, policy=ReplicaPolicy.PACKED)
     node.place("a", Placement((0,), milli=750, whole=False, replicas=3))
-    assert node.predict_units(2, 250) == (0, 1)  # GPU 0's last replica, then the next best fit
+    assert node.predict_units(2, 250) == (0, 1)  # GPU 0's last replica, then the other
     assert node.predict_units(6, 250) == (0, 1, 1, 1, 1)  # room for 5: fewer units than asked
     assert node.slots[0].milli_used == 750 and node.placements.keys() == {"a"}  # the node is left as it was
+    node.policy = ReplicaPolicy.DISTRIBUTED  # the fewest replicas first: GPU 1 until it holds as many as GPU 0
+    assert node.predict_replicas(5, 250) == ((1, 1, 1, 0, 1), (0, 1))  # at 3 and 3 either GPU may come next
     node.place("b", Placement((0, 1), milli=250, whole=False, replicas=1))
     assert (node.slots[0].replicas_used, node.slots[1].replicas_used) == (4, 1)

@@ -35,7 +35,8 @@ def test_explain_sees_what_is_bound() -> None:
     assert (said.chosen, said.gpus) == ("h100-hgx-0", [2, 3])  # hold-two has GPUs 0 and 1
     assert not any("assumed opted in" in n for n in said.notes)  # the dump has the namespaces
     quarter = explain(review_pod("d"), "pod", cluster, AdmissionPolicy())
-    assert (quarter.chosen, quarter.gpus) == ("t4-timeslice-0", [0])  # the fourth replica of GPU 0
+    # GPU 0 holds three replicas: the device plugin's default policy takes one of the GPUs with none
+    assert (quarter.chosen, quarter.gpus, quarter.maybe) == ("t4-timeslice-0", [1], [1, 2, 3])
 
 
 def test_explain_in_a_namespace_the_dump_shows_not_opted_in() -> None:
@@ -62,7 +63,8 @@ def test_both_commands_print_tables_and_json(entry: object, tmp_path: Path, caps
     assert entry(["explain", "-f", str(manifest), "-n", "team-a", "--cluster-file", str(DUMP)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"Deployment team-a/web, read from cluster file {DUMP}")
-    assert "would bind to t4-timeslice-0, GPU 0" in out and "+        nvidia.com/gpu: '1'" in out
+    assert "would bind to t4-timeslice-0, GPU 1, 2 or 3 (the device plugin picks)" in out
+    assert "+        nvidia.com/gpu: '1'" in out
     assert entry(["explain", "-f", str(manifest), "-n", "team-a", "--cluster-file", str(DUMP), "-o", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["chosen"] == "t4-timeslice-0"
     assert entry(["capacity", "--cluster-file", str(DUMP)]) == 0

@@ -181,7 +181,7 @@ class MigInstances(Device):
         name = offering.mig_profile.name if offering.mig_profile is not None else ""
         chosen: list[int] = []
         if offering.per_gpu and name:
-            for slot in gpus.slots[: gpus.usable]:
+            for slot in gpus.usable_slots():
                 room = offering.per_gpu - slot.mig.count(name)
                 chosen += [slot.index] * max(0, min(room, units - len(chosen)))
         unplaced = units - len(chosen)

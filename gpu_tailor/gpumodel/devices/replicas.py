@@ -3,13 +3,15 @@
 The device plugin's sharing config advertises each GPU ``replicas`` times, as ``nvidia.com/gpu`` or
 (``renameByDefault``) ``nvidia.com/gpu.shared``; one replica is 1/replicas of a GPU. Kubernetes counts
 the replicas per node and the device plugin hands a container any free ones, from one GPU or several,
-so the count decides and each replica is then placed on a GPU the way a one-replica pod would be (best
-fit: the fitting GPU with the least free compute). The simulator's fleet models the same share of one
-GPU. ``timeslicing`` and ``mps`` differ only in what they promise and what the plugin refuses.
+so the count decides and each replica is then placed on a GPU as the plugin's allocation policy picks
+it (``occupancy.ReplicaPolicy``: by default a GPU with the fewest replicas allocated). The simulator's
+fleet models the same share of one GPU, on the GPU the plugin would pick (``Fleet.pick``).
+``timeslicing`` and ``mps`` differ only in what they promise and what the plugin refuses.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 from typing import ClassVar
 
@@ -31,9 +33,10 @@ from gpu_tailor.gpumodel.occupancy import FULL, NodeGpus, Placement
 from gpu_tailor.gpumodel.resources import SHARED_GPU, WHOLE_GPU, NvidiaResource
 
 
-def replica_placement(offering: Offering, gpus: tuple[int, ...]) -> Placement:
-    """Replicas of ``offering``, one per entry of ``gpus`` (a GPU repeats when several sit on it)."""
-    return Placement(gpus, int(offering.fraction * FULL), offering.memory_mib, whole=False, replicas=1)
+def replica_placement(offering: Offering, gpus: tuple[int, ...], maybe: tuple[int, ...] = ()) -> Placement:
+    """Replicas of ``offering``, one per entry of ``gpus`` (a GPU repeats when several sit on it);
+    ``maybe``: the GPUs the device plugin may pick instead (``NodeGpus.predict_replicas``)."""
+    return Placement(gpus, int(offering.fraction * FULL), offering.memory_mib, whole=False, replicas=1, maybe=maybe)
 
 
 class Replicas(Device):
@@ -80,12 +83,13 @@ class Replicas(Device):
         refused = self.count_refusal(offering, used, units)
         if refused is not None:
             return refused
-        where = gpus.predict_units(units, int(offering.fraction * FULL))
+        where, maybe = gpus.predict_replicas(units, int(offering.fraction * FULL))
         if len(where) < units:  # the count allows it, the per-GPU picture does not
             if units == 1:
                 return Fit(False, f"{offering.label}: no GPU has room for another replica")
             return Fit(False, f"{offering.label}: the GPUs have room for {len(where)} more replicas, {units} asked")
-        return Fit(True, placement=replica_placement(offering, where))
+        placement = replica_placement(offering, where, maybe)
+        return Fit(True, placement=placement if gpus.per_gpu_known else replace(placement, maybe=(), counted=True))
 
     def recorded(self, offering: Offering, gpus: NodeGpus, used: int, units: int,
                  annotation: tuple[int, ...] | None) -> Placement:

@@ -61,24 +61,28 @@ class WholeGpus(Device):
         free = gpus.free_whole()
         if len(free) < units:
             return Fit(False, f"{units} whole GPUs asked, {len(free)} of {gpus.usable} free")
+        if nvlink and units > 1 and not gpus.per_gpu_known:
+            return Fit(False, f"{len(gpus.slots) - gpus.usable} GPUs are not sold and which ones is not known: no "
+                       f"NVLink-connected set of {units} GPUs can be promised (a node agent's report would tell)")
         if nvlink and units > 1:
             best = gpus.topology.best_set(free, units)
             if best is None or not gpus.topology.all_nvlinked(best):
                 largest = gpus.topology.largest_nvlink_set(free)
-                if largest < units and gpus.topology.largest_nvlink_set(list(range(gpus.usable))) < units:
+                if largest < units and gpus.topology.largest_nvlink_set([s.index for s in gpus.usable_slots()]) < units:
                     return Fit(False, f"no NVLink-connected set of {units} GPUs on this node", unresolvable=True)
                 return Fit(False, f"no NVLink-connected set of {units} free GPUs (largest: {largest})")
             return Fit(True, placement=Placement(best))
         if not place:
             return Fit(True)
-        return Fit(True, placement=Placement(gpus.predict_whole(units) or tuple(free[:units])))
+        return Fit(True, placement=Placement(gpus.predict_whole(units) or tuple(free[:units]),
+                                             counted=not gpus.per_gpu_known))
 
     def recorded(self, offering: Offering | None, gpus: NodeGpus, used: int, units: int,
                  annotation: tuple[int, ...] | None) -> Placement:
         if annotation is not None and len(annotation) == units:
             return Placement(annotation)
         free = gpus.free_whole()
-        return Placement(gpus.predict_whole(units) or tuple(free[:units]))
+        return Placement(gpus.predict_whole(units) or tuple(free[:units]), counted=not gpus.per_gpu_known)
 
     def fleet_share(self, offering: Offering, units: int, nvlink: bool) -> tuple[int, int, bool]:
         return units, FULL, nvlink
