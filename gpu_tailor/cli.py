@@ -1,4 +1,4 @@
-"""The ``gpu-tailor`` command: one entry point, six subcommands.
+"""The ``gpu-tailor`` command: one entry point, its subcommands.
 
 Each subcommand's work lives in its own package; this module only parses flags and dispatches, so
 ``gpu-tailor --help`` stays fast and does not import aiohttp or the Kubernetes client.
@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     wh.add_argument("--certs-sync-interval", type=float, default=60.0, metavar="SECONDS",
                     help="how often the Secret and the caBundle are checked (with --certs-secret)")
     wh.add_argument("--config", metavar="FILE", help="YAML policy: declared offerings, scheduler name, defaults")
+    wh.add_argument("--agent-namespace", metavar="NAME",
+                    help="namespace of the node agents whose NodeGPUReport writes /reports checks (default: "
+                         "--certs-secret's namespace, else gpu-tailor)")
     wh.add_argument("--watch-window", type=int, default=60, metavar="SECONDS",
                     help="how long each watch asks the API server to keep it open; the view counts as stale (a "
                          "warning on GPU pods, never unready) after twice this plus 15 s without news")
@@ -154,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     tg.add_argument("dir", metavar="DIR")
     tg.add_argument("--seed", type=int, default=2023, help="the workload's seed")
     tg.add_argument("--pods", type=int, metavar="N", help="how many pods (default: as many as openb has)")
+    ag = sub.add_parser("agent", help="on a GPU node: publish which GPUs each pod really holds (NodeGPUReport)",
+                        description="Read the kubelet's PodResources API and NVML, and publish this node's "
+                                    "NodeGPUReport, which the extender prefers to its own prediction.")
+    from gpu_tailor.agent.options import add_arguments as agent_arguments
+
+    agent_arguments(ag)
     add_commands(sub)  # explain, capacity
     return parser
 
@@ -176,6 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gpu_tailor.extender.__main__ import run as run_extender
 
         return run_extender(args)
+    if args.command == "agent":
+        from gpu_tailor.agent.__main__ import run as run_agent
+
+        return run_agent(args)
     if args.command == "certs":
         from gpu_tailor.certs.__main__ import run as run_certs
 

@@ -54,8 +54,8 @@ def kustomize(path: Path) -> dict[Key, Obj]:
                                   check=True, timeout=60).stdout)
 
 
-def container(objs: dict[Key, Obj], deployment: str, name: str) -> Obj:
-    spec = objs[("Deployment", "gpu-tailor", deployment)]["spec"]["template"]["spec"]
+def container(objs: dict[Key, Obj], workload: str, name: str, kind: str = "Deployment") -> Obj:
+    spec = objs[(kind, "gpu-tailor", workload)]["spec"]["template"]["spec"]
     found: Obj = next(c for c in spec["containers"] if c["name"] == name)
     return found
 
@@ -83,7 +83,8 @@ def test_the_values_people_change_reach_their_objects() -> None:
                     "--set", "scheduler.tolerations[0].key=dedicated",
                     "--set", "scheduler.tolerations[0].operator=Exists",
                     "--set", "webhook.priorityClassName=", "--set", "excludedNamespaces={kube-system,monitoring}",
-                    "--set", "podDisruptionBudget.enabled=false", "--set", "criticalPodsQuota.enabled=false")
+                    "--set", "podDisruptionBudget.enabled=false", "--set", "criticalPodsQuota.enabled=false",
+                    "--set", "agent.intervalSeconds=30")
     webhook = objs[("Deployment", "gpu-tailor", "gpu-tailor-webhook")]
     assert webhook["spec"]["replicas"] == 3
     pod = webhook["spec"]["template"]["spec"]
@@ -95,8 +96,12 @@ def test_the_values_people_change_reach_their_objects() -> None:
     sched = objs[("Deployment", "gpu-tailor", "gpu-tailor-scheduler")]
     assert sched["spec"]["replicas"] == 1
     assert sched["spec"]["template"]["spec"]["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
-    gpu, cpu = objs[("MutatingWebhookConfiguration", "", "gpu-tailor")]["webhooks"]
+    gpu, cpu, reports = objs[("MutatingWebhookConfiguration", "", "gpu-tailor")]["webhooks"]
     assert (gpu["failurePolicy"], gpu["timeoutSeconds"], cpu["failurePolicy"]) == ("Ignore", 10, "Ignore")
+    assert reports["failurePolicy"] == "Fail"  # only the agents' own writes of their reports wait on it
+    agent = container(objs, "gpu-tailor-agent", "agent", kind="DaemonSet")
+    assert agent["image"] == "registry.example/gpu-tailor:0.2.0"
+    assert agent["args"] == ["agent", "--in-cluster", "--interval", "30"]
     for entry in (gpu, cpu):
         selector = entry["namespaceSelector"]["matchExpressions"]
         assert selector[0]["key"] == "example.com/gpus"
@@ -105,6 +110,8 @@ def test_the_values_people_change_reach_their_objects() -> None:
     config = objs[("ConfigMap", "gpu-tailor", "gpu-tailor-scheduler")]["data"]["config.yaml"]
     assert config["extenders"][0]["weight"] == 5
     assert not [k for k in objs if k[0] in ("PodDisruptionBudget", "ResourceQuota")]
+    without = rendered("--set", "agent.enabled=false")
+    assert not [k for k in without if "agent" in k[2] and k[2] != "gpu-tailor-webhook-agents"]
 
 
 def test_the_services_configs_become_configmaps_and_flags() -> None:

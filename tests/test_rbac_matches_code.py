@@ -36,10 +36,13 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
+from gpu_tailor.gpumodel.report import GROUP as REPORT_GROUP
+from gpu_tailor.gpumodel.report import PLURAL as REPORT_PLURAL
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gpu_tailor"
 MANIFESTS = ROOT / "manifests"
-SERVICES = ("webhook", "extender")
+SERVICES = ("webhook", "extender", "agent")
 HTTP = {"GET", "POST", "PUT", "PATCH", "DELETE"}
 # roles the API server bootstraps, bound for kube-scheduler's own needs (not in manifests/)
 KUBE_SCHEDULER_ROLES = {"system:kube-scheduler", "system:volume-scheduler", "extension-apiserver-authentication-reader"}
@@ -155,6 +158,8 @@ def raw_requests(module: ast.Module) -> Iterator[tuple[str, str]]:
 def access(http: str, path: str, watched: bool = False) -> list[Access]:
     """What RBAC calls a request: /api/v1[/namespaces/{ns}]/RESOURCE[/{name}[/SUBRESOURCE]]. Discovery of a group
     version (``/apis/resource.k8s.io/v1/``) is no resource: the bootstrap role system:discovery grants it to all."""
+    # custom objects (CustomObjectsApi): the project's one custom resource, the node agents' reports
+    path = path.replace("{group}", REPORT_GROUP).replace("{plural}", REPORT_PLURAL)
     parts = [p for p in path.split("/") if p]
     if parts[0] == "api":
         group, rest = "", parts[2:]
@@ -213,10 +218,10 @@ def manifests() -> list[dict[str, Any]]:
 
 
 def service_accounts() -> dict[str, str]:
-    """The gpu-tailor service each ServiceAccount runs, from the Deployments (``args[0]``)."""
+    """The gpu-tailor service each ServiceAccount runs, from the Deployments and DaemonSets (``args[0]``)."""
     out = {}
     for d in manifests():
-        if d["kind"] != "Deployment":
+        if d["kind"] not in ("Deployment", "DaemonSet"):
             continue
         spec = d["spec"]["template"]["spec"]
         for c in spec["containers"]:
@@ -277,6 +282,7 @@ def test_the_calls_are_found() -> None:
     """The finder sees the calls the code is known to make (a finder that sees nothing passes nothing)."""
     assert Access("", "bindings", "create") in service_calls("extender")
     assert Access("", "nodes", "watch") in service_calls("webhook")
+    assert Access("gpu-tailor.io", "nodegpureports", "update") in service_calls("agent")
     assert access("POST", "/api/v1/namespaces/{namespace}/pods/{name}/binding") == [Access("", "pods/binding",
                                                                                            "create")]
     assert access("GET", "/api/v1/pods", watched=True) == [Access("", "pods", "list"), Access("", "pods", "watch")]

@@ -31,6 +31,13 @@ counted: most belong to other schedulers (DaemonSets on every node would swamp t
 CPU-only pods gpu-tailor itself placed (the webhook's ``cpuOnlyPods``) are in the mix of the extender
 that scored them, but not in that of a restarted one, or of the standby replica after a failover,
 until new ones arrive: the records keep no scheduler name to tell ours from the rest.
+
+Where a node agent runs (``gpu-tailor agent``), its ``NodeGPUReport`` says which GPUs each pod of the
+node really holds, which GPUs the device plugin does not sell, and the NVLink peers NVML sees. The
+cache prefers it to every prediction and annotation: a pod the report names holds the reported GPUs
+(``_place``), and each pod whose reported GPUs the prediction (or bind's annotation) did not allow is
+counted once in ``contradictions``. Without a report, or for pods it does not name yet (bound since
+the agent last looked), the prediction stands.
 """
 
 from __future__ import annotations
@@ -64,7 +71,10 @@ from gpu_tailor.gpumodel.fleet import Fleet, Shape
 from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, from_node
 from gpu_tailor.gpumodel.occupancy import Placement
 from gpu_tailor.gpumodel.policies import TailorPolicy
+from gpu_tailor.gpumodel.report import NodeReport
+from gpu_tailor.gpumodel.report import parse as parse_report
 from gpu_tailor.gpumodel.schedule import Demand, NodeState, fleet_row, node_state, pod_key, shape_of
+from gpu_tailor.gpumodel.topology import from_peers
 from gpu_tailor.kube.freshness import Freshness
 
 log = logging.getLogger(__name__)
@@ -102,6 +112,10 @@ class Cache:
         self._dirty: set[str] = set()  # nodes changed since the last snapshot
         self._view: dict[str, NodeInfo] = {}
         self._degraded: set[str] = set()
+        self.reports: dict[str, NodeReport] = {}  # node agents' reports, by node
+        self._held: dict[str, dict[str, tuple[int, ...]]] = {}  # node -> pod -> reported GPUs (``pod_gpus``)
+        self.contradictions = 0  # pods whose reported GPUs the prediction did not allow
+        self._contradicted: set[tuple[str, str, tuple[int, ...]]] = set()  # (pod, uid, GPUs) counted already
 
     @property
     def ready(self) -> bool:
@@ -254,16 +268,56 @@ class Cache:
         """A fresh state for the node, its pods placed again from their records (kept GPUs first, so
         the ones still to predict see them)."""
         name = inv.name
-        self.nodes[name] = node_state(inv)
+        self.nodes[name] = state = node_state(inv)
+        self._know(state)
         self.kind_of[name] = self.kinds.setdefault((inv.health, inv.product, inv.offerings), len(self.kinds))
         self._touch(name)
         on = self.on_node.get(name)
         if not on:
             return
-        for rec in sorted(on.values(), key=lambda r: r.placement is None and r.recorded is None):
+        held = self._held.get(name, {})
+        for rec in sorted(on.values(), key=lambda r: (r.key not in held, r.placement is None and r.recorded is None)):
             on[rec.key] = placed = self._place(rec, refit=True)
             if placed is not rec:
                 self.pods[rec.key] = placed
+
+    def apply_report(self, event: str, obj: dict[str, Any]) -> None:
+        """A ``NodeGPUReport`` event: the node's pods are placed again, on the GPUs it names."""
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if event == "DELETED":
+            self._held.pop(name, None)
+            if self.reports.pop(name, None) is None:
+                return
+        else:
+            report = parse_report(obj)
+            if report.problems:
+                log.warning("NodeGPUReport %s: %s", name, "; ".join(report.problems))
+            if self.reports.get(name) == report:
+                return
+            self.reports[name] = report
+            self._held[name] = report.pod_gpus()
+        ns = self.nodes.get(name)
+        if ns is not None:
+            self._install(ns.inventory)
+
+    def reset_reports(self, items: list[dict[str, Any]]) -> None:
+        """A whole report list: what it lacks is gone."""
+        listed = {str((o.get("metadata") or {}).get("name", "")) for o in items}
+        for name in list(self.reports.keys() - listed):
+            self.apply_report("DELETED", {"metadata": {"name": name}})
+        for obj in items:
+            self.apply_report("ADDED", obj)
+
+    def _know(self, state: NodeState) -> None:
+        """What the node's report says of its GPUs: which are not sold, and their NVLink peers."""
+        report = self.reports.get(state.name)
+        if report is None:
+            return
+        gpus = state.gpus
+        gpus.set_unhealthy(report.unhealthy())
+        peers = report.peers(len(gpus.slots))
+        if peers is not None and any(peers):
+            gpus.topology = from_peers(peers)
 
     def apply_pod(self, event: str, obj: dict[str, Any]) -> None:
         """A pod event (or a listed pod: "MODIFIED")."""
@@ -353,9 +407,14 @@ class Cache:
         if d.gpu:
             if rec.uid:
                 self.observe(rec.uid, shape_of(d, ns.inventory.offering(d.resource)))
-            if placement is None or refit:  # units held on no known GPU are placed afresh
-                known = placement is not None and not placement.unplaced
+            reported = self._reported(rec)
+            if placement is None or refit or (reported is not None and holds(placement) != reported):
+                known = placement is not None and not placement.unplaced and not placement.counted
                 placement = where(ns, d, holds(placement) if known else rec.recorded)
+                if reported is not None and placement is not None and holds(placement) != reported:
+                    # what was predicted: the record's own placement (with the set it was chosen from), else now
+                    self._contradicted_by(rec, rec.placement or placement, reported)
+                    placement = where(ns, d, reported)
             if placement is not None:
                 ns.gpus.place(rec.key, placement)
                 ns.units_used[d.resource] = ns.units_used.get(d.resource, 0) + d.units
@@ -363,6 +422,24 @@ class Cache:
         ns.mem_used_mib += d.memory_mib
         self._touch(rec.node)
         return rec if placement == rec.placement else replace(rec, placement=placement)
+
+    def _reported(self, rec: PodRecord) -> tuple[int, ...] | None:
+        """The GPUs the node's report says ``rec`` holds, sorted; None when no report names the pod."""
+        held = self._held.get(rec.node)
+        return held.get(rec.key) if held is not None else None
+
+    def _contradicted_by(self, rec: PodRecord, placement: Placement, reported: tuple[int, ...]) -> None:
+        """Count a pod whose reported GPUs the prediction did not allow (once per pod and report)."""
+        if placement.counted:
+            return  # a guess on a degraded node promised nothing
+        if placement.maybe and set(reported) <= set(placement.maybe) and len(reported) == len(placement.gpus):
+            return  # the device plugin picked among GPUs the prediction named
+        seen = (rec.key, rec.uid, reported)
+        if seen not in self._contradicted:
+            self._contradicted.add(seen)
+            self.contradictions += 1
+            log.info("pod %s on %s holds GPUs %s, not %s as predicted", rec.key, rec.node,
+                     ",".join(map(str, reported)), ",".join(map(str, sorted(placement.gpus))))
 
     def _unplace(self, rec: PodRecord) -> None:
         ns = self.nodes.get(rec.node) if rec.node else None

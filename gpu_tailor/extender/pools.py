@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.gpumodel.devices.base import BackingKind
@@ -79,3 +79,20 @@ class PoolGauges:
             for family, value in zip(families, values, strict=True):
                 family.add_metric(list(key), value)
         yield from families
+
+
+class AgentMetrics:
+    """What the node agents told the extender: nodes reporting, and predictions their reports contradicted."""
+
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        nodes = GaugeMetricFamily("gpu_tailor_agent_reports", "Nodes whose agent's NodeGPUReport the extender holds")
+        nodes.add_metric([], len(self.cache.reports))
+        yield nodes
+        wrong = CounterMetricFamily("gpu_tailor_agent_contradictions",
+                                    "Pods whose GPUs, as a node agent reported them, the extender's prediction "
+                                    "(or bind's annotation) did not allow")
+        wrong.add_metric([], self.cache.contradictions)
+        yield wrong

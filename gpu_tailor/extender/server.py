@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from gpu_tailor.extender import verbs
 from gpu_tailor.extender.cache import Cache
-from gpu_tailor.extender.pools import PoolGauges
+from gpu_tailor.extender.pools import AgentMetrics, PoolGauges
 from gpu_tailor.extender.records import PodProjector, PodRecord, pod_record
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.inventory import node_fields
@@ -342,6 +342,7 @@ def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT
     app[METRICS] = Metrics()
     app[METRICS].registry.register(Staleness("gpu_tailor_extender_watch_staleness_seconds", cache.freshness))
     app[METRICS].registry.register(PoolGauges(cache))
+    app[METRICS].registry.register(AgentMetrics(cache))
     app[BINDER] = BinderSlot(binder)
     app.router.add_post("/filter", _verb("filter", _filter))
     app.router.add_post("/prioritize", _verb("prioritize", _prioritize))
@@ -409,6 +410,7 @@ def watch_ctx(cache: Cache, kubeconfig: str | None, in_cluster: bool) -> Any:
 
         from gpu_tailor.kube.dra import dra_watches
         from gpu_tailor.kube.freshness import Freshness
+        from gpu_tailor.kube.reports import report_watch
         from gpu_tailor.kube.watch import list_and_watch, watching
 
         def watches(api: Any) -> list[Coroutine[Any, Any, None]]:
@@ -420,6 +422,7 @@ def watch_ctx(cache: Cache, kubeconfig: str | None, in_cluster: bool) -> Any:
             active = functools.partial(core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
             cache.dra.enabled = True  # until discovery says the API server serves no resource.k8s.io/v1
             return [dra_watches(api, cache.dra, cache.freshness),
+                    report_watch(api, cache.reset_reports, cache.apply_report, cache.freshness),
                     list_and_watch(core.list_node, None, cache.apply_node, relist=cache.relist_nodes,
                                    project=node_fields, freshness=nodes, page=NODE_PAGE, freeze_gc=True),
                     list_and_watch(active, None, cache.apply_pod, relist=cache.relist_pods,

@@ -141,3 +141,15 @@ def infer(model: str, product: str, gpu_count: int, node_labels: dict[str, str])
     if gpu_count == 8 and model in ("A100", "H100", "H200", "A800", "H800") and sxm:
         return nvswitch(gpu_count, lanes)
     return pcie(gpu_count)
+
+
+def from_peers(peers: Sequence[Sequence[int]]) -> GpuTopology:
+    """The topology a node agent reported: NVLink between the peers NVML lists (full lanes), the rest on
+    PCIe (scored as across CPU sockets: NVML's PCIe detail is not reported)."""
+    n = len(peers)
+    linked = {(a, b) for a in range(n) for b in peers[a] if 0 <= b < n and b != a}
+    linked |= {(b, a) for a, b in linked}
+    scores = tuple(tuple(0 if a == b else Link.NVLINK * 12 if (a, b) in linked else Link.CROSS_CPU
+                         for b in range(n)) for a in range(n))
+    everyone = len(linked) == n * (n - 1)
+    return GpuTopology("nvswitch" if everyone and n > 2 else "nvlink" if linked else "pcie", scores)

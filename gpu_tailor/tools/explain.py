@@ -204,6 +204,7 @@ def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
     """Every node's verdict: kube-scheduler's own filters first, then the extender's filter, prioritize
     and bind's choice of GPUs on the nodes that pass them."""
     cache = Cache()
+    cache.reset_reports(cluster.reports)  # the node agents' word first: the nodes are installed with it
     cache.reset_pods(cluster.pods)  # as ``gpu-tailor extender --cluster-file`` loads it
     cache.reset_nodes(cluster.nodes)
     cache.dra = cluster.dra

@@ -1,7 +1,8 @@
 """Where the tools read the cluster from: a ``kubectl get nodes,pods,namespaces -A -o json`` dump (with
-``resourceslices,resourceclaims,deviceclasses`` for DRA pools), or the live API through a kubeconfig, read-only
-(list nodes, pods, and where ``resource.k8s.io/v1`` is served ResourceSlices, ResourceClaims and DeviceClasses; get
-one namespace; nothing is written).
+``resourceslices,resourceclaims,deviceclasses`` for DRA pools, ``nodegpureports`` where the node agent runs), or
+the live API through a kubeconfig, read-only (list nodes, pods, the node agents' reports where their CRD is
+installed, and where ``resource.k8s.io/v1`` is served ResourceSlices, ResourceClaims and DeviceClasses; get one
+namespace; nothing is written).
 
 ``namespaces`` is None when the source does not say (a dump taken without them): the caller then
 assumes the pod's namespace opted in and says so.
@@ -10,6 +11,7 @@ assumes the pod's namespace opted in and says so.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from typing import Any
 import yaml
 
 from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.gpumodel.report import GROUP, KIND, PLURAL, VERSION
 from gpu_tailor.kube.clusterfile import ClusterFileError, parse_cluster
 
 Obj = dict[str, Any]
@@ -37,6 +40,7 @@ class Cluster:
     default_namespace: str = "default"  # the kubeconfig context's namespace, else "default"
     notes: list[str] = field(default_factory=list)
     dra: DraState = field(default_factory=lambda: DraState(enabled=False))  # ResourceSlices, claims, classes
+    reports: list[Obj] = field(default_factory=list)  # the node agents' NodeGPUReports
 
 
 def load_dump(path: str) -> Cluster:
@@ -52,16 +56,16 @@ def load_dump(path: str) -> Cluster:
     except json.JSONDecodeError:
         data = yaml.safe_load(text)
     namespaces: dict[str, dict[str, str]] = {}
-    by_kind: dict[str, list[Obj]] = {"ResourceSlice": [], "ResourceClaim": [], "DeviceClass": []}
+    by_kind: dict[str, list[Obj]] = {"ResourceSlice": [], "ResourceClaim": [], "DeviceClass": [], KIND: []}
     for item in data.get("items") or []:
         if isinstance(item, dict) and item.get("kind") == "Namespace":
             meta = item.get("metadata") or {}
             namespaces[str(meta.get("name", ""))] = dict(meta.get("labels") or {})
         elif isinstance(item, dict) and item.get("kind") in by_kind:
             by_kind[item["kind"]].append(item)
+    dra_kinds = (by_kind["ResourceSlice"], by_kind["ResourceClaim"], by_kind["DeviceClass"])
     return Cluster(nodes, pods, namespaces or None, f"cluster file {path}",
-                   dra=dra_state(by_kind["ResourceSlice"], by_kind["ResourceClaim"], by_kind["DeviceClass"],
-                                 enabled=any(by_kind.values())))
+                   dra=dra_state(*dra_kinds, enabled=any(dra_kinds)), reports=by_kind[KIND])
 
 
 def dra_state(slices: list[Obj], claims: list[Obj], classes: list[Obj], enabled: bool = True) -> DraState:
@@ -123,6 +127,16 @@ async def _read_live(given: str | None, context: str | None, namespace: str | No
         except (TimeoutError, OSError) as exc:
             dra = DraState(enabled=False)
             notes.append(f"DRA could not be read ({exc}): DRA pools are left out")
+        reports: list[Obj] = []
+        try:
+            reports, _ = await list_all(functools.partial(client.CustomObjectsApi(api).list_cluster_custom_object,
+                                                          GROUP, VERSION, PLURAL))
+        except ApiException as exc:
+            if exc.status != 404:  # 404: no node agent installed
+                notes.append(f"the node agents' reports could not be read (HTTP {exc.status}: {exc.reason}): "
+                             "GPUs within nodes are predicted")
+        except (TimeoutError, OSError) as exc:
+            notes.append(f"the node agents' reports could not be read ({exc}): GPUs within nodes are predicted")
         ns = namespace or default_ns
         namespaces: dict[str, dict[str, str]] | None
         try:
@@ -139,7 +153,7 @@ async def _read_live(given: str | None, context: str | None, namespace: str | No
             notes.append(f"namespace {ns} could not be read: {exc}")
     finally:
         await api.close()
-    return Cluster(nodes, pods, namespaces, where, default_ns, notes, dra)
+    return Cluster(nodes, pods, namespaces, where, default_ns, notes, dra, reports)
 
 
 def read_live(kubeconfig: str | None, context: str | None = None, namespace: str | None = None) -> Cluster:

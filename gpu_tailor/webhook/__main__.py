@@ -36,8 +36,8 @@ async def serve(args: argparse.Namespace) -> None:
     if not 5 <= args.watch_window <= 3600:
         raise ValueError("--watch-window: expected seconds between 5 and 3600")
     view = ClusterView(load_policy(args.config), stale_after=stale_after(args.watch_window))
-    app = make_app(view)
     kept = kept_certs(args) if args.certs_secret else None
+    app = make_app(view, agents=args.agent_namespace or (kept.namespace if kept is not None else "gpu-tailor"))
     if args.cluster_file:
         app.cleanup_ctx.append(cluster_file_ctx(args.cluster_file))
     else:

@@ -25,7 +25,11 @@ No pod UPDATE reaches the webhook unless it touches a ``gpu-tailor.io/*`` annota
 finalizers keep working while it is down; the extender's GPUs arrive through ``pods/binding``, which no
 rule here matches.
 
-Both select namespaces labelled ``gpu-tailor.io/enabled=true``, but never the webhook's own namespace or
+A third entry, ``reports.gpu-tailor.io`` (``failurePolicy: Fail``), reviews the node agents' own writes of
+``NodeGPUReport`` objects, and nobody else's (a ``matchConditions`` on the agents' service account): an agent
+may write its own node's report only (``webhook.reports``). It never patches.
+
+The pod entries select namespaces labelled ``gpu-tailor.io/enabled=true``, but never the webhook's own namespace or
 kube-system, whatever their labels: a webhook that is down would otherwise block the pods that bring it
 (or the cluster's DNS and network) back. The selector reads ``kubernetes.io/metadata.name``, which the API
 server sets and nobody can change; ``mutate.decide`` lets pods of these namespaces through untouched as
@@ -37,6 +41,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.report import GROUP as REPORT_GROUP
+from gpu_tailor.gpumodel.report import PLURAL as REPORT_PLURAL
+from gpu_tailor.gpumodel.report import VERSION as REPORT_VERSION
 
 WEBHOOK_CONFIG_NAME = "gpu-tailor"
 NAMESPACE = "gpu-tailor"  # the webhook's own (manifests/webhook/namespace.yaml)
@@ -70,6 +77,13 @@ _ANNOTATIONS_CHANGED = " ".join([
 GPU_PODS = (f"(request.operation == 'CREATE' && ({MAY_ASK_FOR_GPU})) ||"
             f" (request.operation == 'UPDATE' && ({_ANNOTATIONS_CHANGED}))")
 GPU_HOOK, CPU_HOOK = "pods.gpu-tailor.io", "cpu-pods.gpu-tailor.io"
+REPORTS_HOOK = "reports.gpu-tailor.io"
+AGENT_SERVICE_ACCOUNT = "gpu-tailor-agent"  # manifests/agent
+
+
+def agent_user(namespace: str) -> str:
+    """The node agents' user name, as the API server authenticates their service account."""
+    return f"system:serviceaccount:{namespace}:{AGENT_SERVICE_ACCOUNT}"
 
 
 def exempt_namespaces(namespace: str) -> list[str]:
@@ -104,6 +118,20 @@ def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
             out["matchConditions"] = [{"name": condition[0], "expression": condition[1]}]
         return out
 
+    reports = {
+        "name": REPORTS_HOOK,
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",  # an agent's write waits for the check; the agent tries again next round
+        "timeoutSeconds": 5,
+        "reinvocationPolicy": "Never",
+        "matchPolicy": "Equivalent",
+        "clientConfig": {"service": {"name": service, "namespace": namespace, "path": "/reports", "port": 443}},
+        "rules": [{"apiGroups": [REPORT_GROUP], "apiVersions": [REPORT_VERSION],
+                   "operations": ["CREATE", "UPDATE", "DELETE"], "resources": [REPORT_PLURAL], "scope": "Cluster"}],
+        "matchConditions": [{"name": "node-agents-only",
+                             "expression": f"request.userInfo.username == '{agent_user(namespace)}'"}],
+    }
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -114,5 +142,6 @@ def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
             # this entry is called again (the API server reinvokes only webhooks it has called once); a CPU-only
             # pod waits at most 3 s for an answer, then is created as it is
             hook(CPU_HOOK, "Ignore", 3, ["CREATE"], None),
+            reports,
         ],
     }

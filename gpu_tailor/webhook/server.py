@@ -29,6 +29,8 @@ from gpu_tailor.gpumodel.inventory import node_fields
 from gpu_tailor.kube.freshness import WATCH_WINDOW, Freshness, Staleness
 from gpu_tailor.serving import CertReloader, add_probes
 from gpu_tailor.webhook.mutate import Decision, decide
+from gpu_tailor.webhook.reports import PodLookup
+from gpu_tailor.webhook.reports import check as check_report
 from gpu_tailor.webhook.state import ACTIVE_PODS, ClusterView
 from gpu_tailor.webhook.wire import AdmissionReview, response
 
@@ -169,17 +171,73 @@ async def mutate(request: web.Request) -> web.Response:
     return web.Response(body=out.body, status=out.status, content_type="application/json")
 
 
+@dataclass
+class ReportCheck:
+    """``/reports``' needs: the namespace the agents run in, and a way to read a pod (None: no API client)."""
+
+    namespace: str = "gpu-tailor"
+    pods: PodLookup | None = None
+
+
+REPORTS = web.AppKey("reports", ReportCheck)
+
+
+async def review_report(request: web.Request) -> web.Response:
+    """``/reports``: an agent writes its own node's NodeGPUReport only (``webhook.reports``)."""
+    started = time.perf_counter()
+    try:
+        raw = orjson.loads(await request.read())
+        review = AdmissionReview.model_validate(raw)
+    except orjson.JSONDecodeError as exc:
+        return _respond(_bad_request(f"body: invalid JSON: {exc}"))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        return _respond(_bad_request(f"{'.'.join(str(p) for p in first['loc']) or 'body'}: {first['msg']}"))
+    setup = request.app[REPORTS]
+    decision = await check_report(raw["request"], setup.namespace, setup.pods)
+    metrics = request.app[METRICS]
+    metrics.reviews.labels(decision.outcome, decision.backing).inc()
+    metrics.latency.observe(time.perf_counter() - started)
+    return web.Response(body=orjson.dumps(response(review.request.uid, decision)), content_type="application/json")
+
+
+def _respond(out: Answer) -> web.Response:
+    return web.Response(body=out.body, status=out.status, content_type="application/json")
+
+
+def api_pod_lookup(api: Any) -> PodLookup:
+    """Read a pod's uid and node from the API server (``/reports`` on Kubernetes before 1.32)."""
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api)
+
+    async def lookup(namespace: str, name: str) -> tuple[str, str] | None:
+        try:
+            pod = await core.read_namespaced_pod(name, namespace, _request_timeout=3)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return str(pod.metadata.uid or ""), str(pod.spec.node_name or "")
+
+    return lookup
+
+
 def _bad_request(why: str) -> Answer:
     return Answer(400, orjson.dumps({"error": f"not an AdmissionReview v1: {why}"}))
 
 
-def make_app(view: ClusterView, templates: Templates | None = None) -> web.Application:
+def make_app(view: ClusterView, templates: Templates | None = None, agents: str = "gpu-tailor") -> web.Application:
+    """The webhook's routes; ``agents``: the namespace the node agents run in (``/reports``)."""
     app = web.Application(client_max_size=MAX_BODY)
     app[VIEW] = view
     app[TEMPLATES] = templates or Templates()
     app[METRICS] = Metrics()
     app[METRICS].registry.register(Staleness("gpu_tailor_webhook_watch_staleness_seconds", view.freshness))
+    app[REPORTS] = ReportCheck(agents)
     app.router.add_post("/mutate", mutate)
+    app.router.add_post("/reports", review_report)
     add_probes(app, _ready, "nodes and pods not listed yet", lambda a: a[METRICS].registry)
     return app
 
@@ -248,6 +306,7 @@ def watch_ctx(kubeconfig: str | None, in_cluster: bool, kept: KeptCerts | None =
 
         async with watching(kubeconfig, in_cluster, lambda api: watches(api, app[VIEW], window)) as api:
             app[TEMPLATES].create = api_template_creator(api)
+            app[REPORTS].pods = api_pod_lookup(api)
             if kept is None:
                 yield
                 return

@@ -169,4 +169,7 @@ def test_kustomization_lists_every_manifest() -> None:
     kust = yaml.safe_load((BASE / "kustomization.yaml").read_text())
     assert sorted(kust["resources"]) == sorted(p.name for p in BASE.glob("*.yaml") if p.name != "kustomization.yaml")
     top = yaml.safe_load((ROOT / "manifests" / "kustomization.yaml").read_text())
-    assert top["resources"] == ["webhook", "scheduler"]
+    assert top["resources"] == ["webhook", "scheduler", "agent"]
+    agent = ROOT / "manifests" / "agent"
+    assert sorted(yaml.safe_load((agent / "kustomization.yaml").read_text())["resources"]) == sorted(
+        p.name for p in agent.glob("*.yaml") if p.name != "kustomization.yaml")

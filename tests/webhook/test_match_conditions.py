@@ -19,9 +19,10 @@ from gpu_tailor.webhook.registration import CPU_HOOK, GPU_HOOK
 from tests.conftest import FIXTURES, load_fixture
 
 _ENV = celpy.Environment()
-HOOKS = registration.webhook_configuration("gpu-tailor-webhook", "gpu-tailor")["webhooks"]
+ALL_HOOKS = registration.webhook_configuration("gpu-tailor-webhook", "gpu-tailor")["webhooks"]
+HOOKS = [h for h in ALL_HOOKS if h["name"] in (GPU_HOOK, CPU_HOOK)]  # for pods
 CONDITIONS = {h["name"]: _ENV.program(_ENV.compile(h["matchConditions"][0]["expression"]))
-              for h in HOOKS if "matchConditions" in h}
+              for h in ALL_HOOKS if "matchConditions" in h}
 
 
 def reaches(operation: str, pod: dict[str, Any], old: dict[str, Any] | None = None) -> set[str]:
@@ -99,3 +100,20 @@ def test_updates_reach_the_failing_entry_only_when_our_annotations_change() -> N
     assert reaches("UPDATE", ours, ours) == set()  # present before and after, unchanged
     assert reaches("UPDATE", ours, pod) == {GPU_HOOK}  # added
     assert reaches("UPDATE", pod, ours) == {GPU_HOOK}  # removed
+
+
+def test_only_the_agents_own_writes_of_reports_reach_the_reports_entry() -> None:
+    """Nobody else's writes wait on gpu-tailor: an admin fixing or deleting a report while it is down can."""
+    (hook,) = [h for h in ALL_HOOKS if h["name"] == registration.REPORTS_HOOK]
+    assert hook["failurePolicy"] == "Fail" and hook["clientConfig"]["service"]["path"] == "/reports"
+    condition = CONDITIONS[registration.REPORTS_HOOK]
+
+    def reaches_reports(username: str) -> bool:
+        request = {"operation": "UPDATE", "userInfo": {"username": username}}
+        return bool(condition.evaluate({"request": json_to_cel(request), "object": json_to_cel({}),
+                                        "oldObject": json_to_cel({})}))
+
+    assert reaches_reports("system:serviceaccount:gpu-tailor:gpu-tailor-agent")
+    assert not reaches_reports("system:serviceaccount:gpu-tailor:gpu-tailor-scheduler")
+    assert not reaches_reports("kubernetes-admin")
+    assert not reaches_reports("system:serviceaccount:other:gpu-tailor-agent")  # another namespace's
