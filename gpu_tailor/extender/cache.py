@@ -163,7 +163,7 @@ class Cache:
             self._degraded.discard(name)
         row = fleet_row(copy)
         at = self.fleet.upsert(name, row.cpu_free, row.mem_free_mib, row.gpu_free, row.model, row.topology,
-                               cpu_capacity=row.cpu_capacity, pick=row.pick)
+                               cpu_capacity=row.cpu_capacity, pick=row.pick, step=row.step)
         self.fleet.rank[at] = node_order(name)  # ties go by a fixed node order (extender/scores.py)
         if inv.unschedulable:
             self.fleet.remove(name)

@@ -79,7 +79,9 @@ class Shape:
 # Which GPU of a node a sharing pod goes to: the policy's choice (the simulator's GPU-sharing
 # scheduler), or the node's device plugin's (replicas, ``occupancy.ReplicaPolicy``): the GPU with the
 # most free (distributed, spread), or the least free that fits (packed). Replicas of one node are all
-# alike, so free share orders the GPUs as their replica counts do.
+# alike, so free share orders the GPUs as their replica counts do. A pod of several replicas is scored
+# as one share the policy places (the plugin hands its units out one at a time, over several GPUs,
+# which one share cannot say).
 PICK_ANY, PICK_MOST_FREE, PICK_LEAST_FREE = 0, 1, 2
 
 
@@ -106,6 +108,7 @@ class Fleet:
         self.gen = np.zeros(cap, np.int64)  # bumped on every change: caches refresh those rows
         self.link = np.zeros(cap, np.int64)  # NO_TOPOLOGY, ALL_NVLINK, ...
         self.pick = np.zeros(cap, np.int64)  # PICK_ANY, PICK_MOST_FREE, PICK_LEAST_FREE
+        self.step = np.zeros(cap, np.int64)  # milli of one replica where the device plugin picks
         self.max_cpu = 1
         self.max_gpus = 1
 
@@ -123,7 +126,7 @@ class Fleet:
         if cap == len(self.cpu) and width <= self.width:
             return
         width = max(width, self.width)
-        for attr in ("cpu", "mem", "cpu_cap", "ngpu", "rank", "gen", "link", "pick"):
+        for attr in ("cpu", "mem", "cpu_cap", "ngpu", "rank", "gen", "link", "pick", "step"):
             old = getattr(self, attr)
             new = np.zeros(cap, old.dtype)
             new[: len(old)] = old
@@ -139,9 +142,10 @@ class Fleet:
         self.gpu, self.width = gpu, width
 
     def upsert(self, name: str, cpu_free: int, mem_free: int, gpu_free: Sequence[int], model: str = "",
-               topology: GpuTopology | None = None, cpu_capacity: int | None = None, pick: int = PICK_ANY) -> int:
-        """Add a node or replace what is known of it; returns its row. ``pick``: who picks a sharing
-        pod's GPU there (``PICK_ANY``: the policy)."""
+               topology: GpuTopology | None = None, cpu_capacity: int | None = None, pick: int = PICK_ANY,
+               step: int = 0) -> int:
+        """Add a node or replace what is known of it; returns its row. ``pick``: who picks the GPU of a
+        pod of one replica (of ``step`` milli) there (``PICK_ANY``: the policy)."""
         i = self.index.get(name)
         if i is None:
             i = self.n
@@ -161,7 +165,7 @@ class Fleet:
         self.ngpu[i] = len(gpu_free)
         self.model[i] = self.model_id(model) if model else -1
         self.link[i] = _link_class(topology, len(gpu_free))
-        self.pick[i] = pick
+        self.pick[i], self.step[i] = pick, step
         self.alive[i] = True
         self.gen[i] += 1
         self.max_cpu = max(self.max_cpu, int(self.cpu_cap[i]))
@@ -306,8 +310,8 @@ def candidates(fleet: Fleet, shape: Shape, rows: Array) -> PlacementCandidates:
         # GPUs of one node with the same free share are interchangeable: keep the lowest index
         _, first = np.unique(i * (MILLI + 1) + before, return_index=True)
         i, g, before = i[first], g[first], before[first]
-        pick = fleet.pick[rows[i]]
-        if pick.any():  # where the device plugin picks the GPU, that GPU is the only placement
+        pick = np.where(shape.milli <= fleet.step[rows[i]], fleet.pick[rows[i]], PICK_ANY)
+        if pick.any():  # where the device plugin picks the GPU of one replica, that GPU is the only placement
             most = np.full(len(rows), -1, np.int64)
             np.maximum.at(most, i, before)
             least = np.full(len(rows), MILLI + 1, np.int64)

@@ -18,7 +18,7 @@ from gpu_tailor.gpumodel.ask import PodAsk, Topology, from_pod, kube_effective
 from gpu_tailor.gpumodel.devices.base import Fit as Fit
 from gpu_tailor.gpumodel.fleet import PICK_ANY, PICK_LEAST_FREE, PICK_MOST_FREE, Shape
 from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, Offering, Sharing, UnitsRefusal
-from gpu_tailor.gpumodel.occupancy import NodeGpus, Placement, ReplicaPolicy, parse_gpu_annotation
+from gpu_tailor.gpumodel.occupancy import FULL, NodeGpus, Placement, ReplicaPolicy, parse_gpu_annotation
 from gpu_tailor.gpumodel.quantity import parse_quantity
 from gpu_tailor.gpumodel.topology import GpuTopology, infer
 
@@ -125,6 +125,7 @@ class FleetRow:
     topology: GpuTopology
     cpu_capacity: int
     pick: int = PICK_ANY  # who picks a replica's GPU (``fleet.PICK_*``)
+    step: int = 0  # milli of one replica, where the device plugin picks
 
 
 _PICKS = {ReplicaPolicy.DISTRIBUTED: PICK_MOST_FREE, ReplicaPolicy.SPREAD: PICK_MOST_FREE,
@@ -137,9 +138,10 @@ def fleet_row(node: NodeState) -> FleetRow:
     inv, gpus = node.inventory, node.gpus
     sold = {s.index for s in gpus.usable_slots()}
     free = tuple(s.free_milli if s.index in sold else 0 for s in gpus.slots)
-    pick = _PICKS[gpus.policy] if inv.sharing is not Sharing.NONE else PICK_ANY
+    shared = inv.sharing is not Sharing.NONE and inv.replicas > 1
+    pick = _PICKS[gpus.policy] if shared else PICK_ANY
     return FleetRow(inv.cpu_milli - node.cpu_used, inv.memory_bytes // 2**20 - node.mem_used_mib, free, inv.model,
-                    gpus.topology, inv.cpu_milli, pick)
+                    gpus.topology, inv.cpu_milli, pick, FULL // inv.replicas if shared else 0)
 
 
 def node_state(inv: NodeInventory) -> NodeState:

@@ -113,6 +113,7 @@ class KubeModel:
         self.spread = np.array([n.policy is ReplicaPolicy.SPREAD for n in nodes], bool)
         # the extender's fleet: on shared nodes the device plugin picks a replica's GPU (``Fleet.pick``)
         fleet.pick[rows] = np.where(self.shared, np.where(self.packed, PICK_LEAST_FREE, PICK_MOST_FREE), 0)
+        fleet.step[rows] = np.where(self.shared, self.step, 0)
         self.rng = random.Random(seed)
         self.next_start = 0  # the default profile's round-robin start (percentageOfNodesToScore)
 

@@ -186,7 +186,7 @@ def _fragmentation(infos: list[NodeInfo], mix: Mix) -> float:
     for info in infos:
         row = fleet_row(info.state)
         fleet.upsert(info.state.name, row.cpu_free, row.mem_free_mib, row.gpu_free, row.model, row.topology,
-                     cpu_capacity=row.cpu_capacity, pick=row.pick)
+                     cpu_capacity=row.cpu_capacity, pick=row.pick, step=row.step)
     return FgdPolicy(fleet, mix=mix).fragmentation() / MILLI
 
 

@@ -18,7 +18,7 @@ from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import ContainerAsk, Isolation, PodAsk, from_pod
 from gpu_tailor.gpumodel.catalog import Candidate, NoFit, OfferingChoice, choose, free_somewhere
 from gpu_tailor.gpumodel.devices import dra as claims
-from gpu_tailor.gpumodel.devices.base import GPU_TOLERATION, Toleration
+from gpu_tailor.gpumodel.devices.base import GPU_TOLERATION, MANAGED_TOLERATION, Toleration
 from gpu_tailor.gpumodel.devices.dra import DraState
 from gpu_tailor.gpumodel.inventory import UnitsRefusal
 from gpu_tailor.gpumodel.resources import parse_resource
@@ -130,9 +130,11 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
             if not choice.free_now:
                 warnings.append(f"no {choice.candidate.backing} is free right now; the pod waits for capacity")
             tolerations = (*tolerations, *choice.candidate.write.tolerations)
-    _tolerate(pod, tolerations)
     if policy.schedulerName and _takes_default_scheduler(pod):
         _obj(pod, "spec")["schedulerName"] = policy.schedulerName
+    if policy.schedulerName and (pod.get("spec") or {}).get("schedulerName") == policy.schedulerName:
+        tolerations = (*tolerations, MANAGED_TOLERATION)  # the one scheduler of nodes tainted as gpu-tailor's
+    _tolerate(pod, tolerations)
     if owned.reinvocation:  # its warnings went out with the first answer
         return _allow(obj, pod, [], "reinvocation")
     decision = _allow(obj, pod, warnings, backing)

@@ -221,8 +221,11 @@ def _listening(port: int) -> bool:
 
 def write_overlay(overlay: Path, webhook_url: str) -> None:
     """A kustomize overlay of the repo's manifests that changes only what cannot work without a kubelet:
-    the API server calls the webhook at ``webhook_url`` instead of through its Service."""
+    the API server calls the webhook at ``webhook_url`` (``https://host:port/mutate``; each entry keeps its own
+    path) instead of through its Service, and the node agent's DaemonSet is left out (no kubelet runs its pods;
+    bound to the GPU nodes they would take CPU and memory the tests' placements do not count)."""
     overlay.mkdir(parents=True, exist_ok=True)
+    base = webhook_url.rsplit("/", 1)[0]
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": [os.path.relpath(REPO / "manifests", overlay)],
@@ -230,16 +233,19 @@ def write_overlay(overlay: Path, webhook_url: str) -> None:
             "target": {"group": "admissionregistration.k8s.io", "kind": "MutatingWebhookConfiguration",
                        "name": "gpu-tailor"},
             "patch": yaml.safe_dump([{"op": "replace", "path": f"/webhooks/{i}/clientConfig",
-                                      "value": {"url": webhook_url}} for i in range(_webhook_entries())]),
+                                      "value": {"url": base + path}} for i, path in enumerate(_webhook_paths())]),
+        }, {
+            "patch": yaml.safe_dump({"$patch": "delete", "apiVersion": "apps/v1", "kind": "DaemonSet",
+                                     "metadata": {"name": "gpu-tailor-agent", "namespace": "gpu-tailor"}}),
         }],
     }
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
 
 
-def _webhook_entries() -> int:
+def _webhook_paths() -> list[str]:
     (doc,) = [d for d in yaml.safe_load_all((REPO / "manifests" / "webhook" / "mutatingwebhookconfiguration.yaml")
                                             .read_text()) if d]
-    return len(doc["webhooks"])
+    return [str(h["clientConfig"]["service"]["path"]) for h in doc["webhooks"]]
 
 
 @dataclass(frozen=True)

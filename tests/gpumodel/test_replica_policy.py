@@ -44,12 +44,17 @@ def test_packed_skips_a_full_gpu_and_no_room_is_fewer_units() -> None:
 def test_the_fleet_scores_only_the_gpu_the_device_plugin_would_pick() -> None:
     fleet = Fleet()
     free = [500, 750, 1000, 1000]  # 2, 1, 0 and 0 replicas of 250
-    rows = [fleet.upsert(name, 32000, 65536, free, "T4", pick=pick)
+    rows = [fleet.upsert(name, 32000, 65536, free, "T4", pick=pick, step=250)
             for name, pick in (("any", PICK_ANY), ("most", PICK_MOST_FREE), ("least", PICK_LEAST_FREE))]
-    c = candidates(fleet, Shape(1000, 1024, 1, 250), np.asarray(rows))
-    by_row = {int(n): sorted(int(g) for g, m in zip(c.gpu, c.node, strict=True) if m == n) for n in set(c.node)}
+
+    def where(milli: int) -> dict[int, list[int]]:
+        c = candidates(fleet, Shape(1000, 1024, 1, milli), np.asarray(rows))
+        return {int(n): sorted(int(g) for g, m in zip(c.gpu, c.node, strict=True) if m == n) for n in set(c.node)}
+
     # GPUs with the same free share are one candidate (the lowest index): 2 stands for 2 and 3
-    assert by_row == {rows[0]: [0, 1, 2], rows[1]: [2], rows[2]: [0]}
+    assert where(250) == {rows[0]: [0, 1, 2], rows[1]: [2], rows[2]: [0]}
+    # two replicas go out one at a time, over GPUs: scored as one share the policy places, as before
+    assert where(500) == {rows[0]: [0, 1, 2], rows[1]: [0, 1, 2], rows[2]: [0, 1, 2]}
 
 
 def test_a_degraded_node_promises_no_gpu_until_its_unsold_gpus_are_known() -> None:

@@ -37,6 +37,8 @@ Requirement = tuple[str, str, tuple[str, ...]]
 Toleration = tuple[str, str, str]
 # The GPU operator taints GPU nodes nvidia.com/gpu:NoSchedule; every GPU pod must tolerate it.
 GPU_TOLERATION: Toleration = (labels.GPU_TAINT_KEY, "Exists", "NoSchedule")
+# Pods routed to gpu-tailor's scheduler tolerate the taint that keeps every other scheduler off its GPU nodes.
+MANAGED_TOLERATION: Toleration = (labels.MANAGED_TAINT_KEY, "Exists", "NoSchedule")
 
 
 class BackingKind(StrEnum):
