@@ -190,7 +190,8 @@ def _fragmentation(infos: list[NodeInfo], mix: Mix) -> float:
     return FgdPolicy(fleet, mix=mix).fragmentation() / MILLI
 
 
-def capacity(cluster: Cluster, cpu_milli: int = 1000, memory_mib: int = 4096, pool_label: str | None = None) -> Report:
+def capacity(cluster: Cluster, cpu_milli: int = 1000, memory_mib: int = 4096, pool_label: str | None = None,
+             recent_hours: float = 24.0) -> Report:
     cache = Cache()
     cache.reset_reports(cluster.reports)  # the node agents' word first: the nodes are installed with it
     cache.reset_pods(cluster.pods)
@@ -252,7 +253,7 @@ def capacity(cluster: Cluster, cpu_milli: int = 1000, memory_mib: int = 4096, po
         p.fragmentation_pct = round(100 * p.fragmentation_gpus * MILLI / free_milli, 1) if free_milli else 0.0
         p.stranded_gpus = round(p.stranded_gpus, 2)
         pools.append(p)
-    unsold, advice = advise(infos, cluster.pods)
+    unsold, advice = advise(infos, cluster.pods, recent_hours)
     return Report(cluster.source, pools, totals, said, problems, cpu_milli, memory_mib, dra_pools(cluster.dra),
                   cluster.dra.enabled, unsold, advice)
 

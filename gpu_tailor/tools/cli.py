@@ -81,8 +81,12 @@ def run_capacity(args: argparse.Namespace, prog: str = "gpu-tailor capacity") ->
     except (QuantityError, ValueError) as exc:
         print(f"{prog}: --cpu/--memory: {exc}", file=sys.stderr)
         return 2
+    if not 0 < args.recent_hours <= 24 * 365:
+        print(f"{prog}: --recent-hours: expected hours between 0 and a year, not {args.recent_hours:g}",
+              file=sys.stderr)
+        return 2
     try:
-        report = capacity.capacity(_cluster(args, None), cpu, memory, args.pool_label)
+        report = capacity.capacity(_cluster(args, None), cpu, memory, args.pool_label, args.recent_hours)
     except SourceError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
@@ -115,6 +119,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     ca.add_argument("--memory", default="4Gi", help="memory each counted pod also asks for (default 4Gi)")
     ca.add_argument("--pool-label", metavar="LABEL",
                     help="node label that names a pool (default: the GKE, AKS, EKS or Karpenter pool label)")
+    ca.add_argument("--recent-hours", type=float, default=24.0, metavar="HOURS",
+                    help="MIG advice: weigh layouts by the MIG asks of pods created this long before the newest pod "
+                         "(default 24)")
     ca.add_argument("--plot", metavar="FILE.png", help="also draw the pools (needs: pip install 'gpu-tailor[plot]')")
     add_source(ca)
 

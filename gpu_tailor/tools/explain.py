@@ -291,7 +291,25 @@ def explain(pod: Obj, subject: str, cluster: Cluster, policy: AdmissionPolicy) -
                          "kube-scheduler's own scores (the extender's weigh 5 x 0..10) pick among them")
     else:
         out.pending = pending_message(out.nodes)
+        unsold = _unsold_mig(demand, cluster)
+        if unsold:
+            notes.append(unsold)
     return out
+
+
+def _unsold_mig(demand: Demand, cluster: Cluster) -> str:
+    """For a pod asking for a MIG instance that no node sells any more (its pool re-cut, or being re-cut), say so
+    and where to look; "" otherwise."""
+    if not demand.resource.startswith(labels.MIG_RESOURCE_PREFIX):
+        return ""
+    from gpu_tailor.gpumodel.inventory import from_node
+
+    sold = any(o.allocatable > 0 for n in cluster.nodes for o in from_node(n).offerings
+               if str(o.resource) == demand.resource)
+    if sold:
+        return ""
+    return (f"no node sells {demand.resource} now (no MIG pool is cut that way, or its nodes are being re-cut): "
+            "`gpu-tailor capacity` suggests a nvidia.com/mig.config layout that would place it")
 
 
 # ----- for people -----

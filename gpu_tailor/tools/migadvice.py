@@ -6,11 +6,15 @@ The standard names are mig-parted's own (NVIDIA/mig-parted, the GPU operator's d
 ``all-<profile>`` cuts every GPU of a node into as many instances of one profile as fit, and ``all-balanced`` cuts
 each GPU of the A100/H100/H200 family into 2 x the smallest 1g profile, 1 x 2g and 1 x 3g (A30: 2 x 1g, 1 x 2g).
 Only nodes none of whose GPUs hold anything are proposed (mig-manager re-cuts a whole node, and evicts nothing it
-need not), the fewest that place the most pods. Nothing is relabelled: people decide.
+need not), the fewest that place the most pods. Among layouts that place as many, the one whose instances hold the
+most of the recent demand wins: the MIG asks of the pods created in the ``recent`` hours before the newest pod
+of the source (bound or not; the newest pod's time, not the clock's, so a dump of last week reads as it did then).
+Nothing is relabelled: people decide.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,11 +42,16 @@ class Advice:
     places: int = 0
     pending: int = 0  # the pool's Pending MIG pods that no node can take now
     layout: dict[str, int] = field(default_factory=dict)  # instances per GPU
+    holds: int = 0  # of the recent MIG asks this product serves, how many the re-cut nodes' instances would hold
+    recent: int = 0  # the recent MIG asks this product serves
+    hours: float = 24.0
 
     def line(self) -> str:
+        recent = (f", holds {self.holds} of {self.recent} MIG ask(s) of the last {self.hours:g} h" if self.recent
+                  else "")
         return (f"{self.product} ({self.sku}): label {', '.join(self.nodes)} {labels.MIG_CONFIG}={self.config} "
                 f"({', '.join(f'{n} x {p}' for p, n in self.layout.items())} per GPU): places {self.places} of "
-                f"{self.pending} Pending MIG pod(s), re-cuts {self.gpus_recut} GPU(s)")
+                f"{self.pending} Pending MIG pod(s){recent}, re-cuts {self.gpus_recut} GPU(s)")
 
 
 def layouts(sku: mig.MigSku) -> dict[str, dict[str, int]]:
@@ -63,8 +72,34 @@ def _mig_profile(resource: str) -> str | None:
     return parsed.mig_profile if parsed is not None and parsed.kind is ResourceKind.MIG else None
 
 
-def advise(infos: list[NodeInfo], pods: list[dict[str, Any]]) -> tuple[list[UnsoldPod], list[Advice]]:
-    """The Pending MIG pods no node can take now, and per MIG product the layout that would place most of them."""
+def _created(pod: dict[str, Any]) -> dt.datetime | None:
+    raw = (pod.get("metadata") or {}).get("creationTimestamp")
+    try:
+        return dt.datetime.fromisoformat(str(raw).replace("Z", "+00:00")) if raw else None
+    except ValueError:
+        return None
+
+
+def recent_demand(pods: list[dict[str, Any]], hours: float) -> Counter[str]:
+    """Instances asked per MIG profile by the pods created within ``hours`` of the newest pod."""
+    stamped = [(t, p) for p in pods if (t := _created(p)) is not None]
+    if not stamped:
+        return Counter()
+    since = max(t for t, _ in stamped) - dt.timedelta(hours=hours)
+    out: Counter[str] = Counter()
+    for t, pod in stamped:
+        if t >= since and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            demand = demand_of(pod)
+            profile = _mig_profile(demand.resource) if demand.gpu and not demand.error else None
+            if profile:
+                out[profile] += demand.units
+    return out
+
+
+def advise(infos: list[NodeInfo], pods: list[dict[str, Any]],
+           hours: float = 24.0) -> tuple[list[UnsoldPod], list[Advice]]:
+    """The Pending MIG pods no node can take now, and per MIG product the layout that would place most of them
+    (of those, the one that would hold most of the last ``hours``' MIG asks)."""
     usable = [i for i in infos if not i.state.inventory.unschedulable
               and i.state.inventory.health.state in (HealthState.HEALTHY, HealthState.DEGRADED)]
     free: Counter[str] = Counter()
@@ -85,6 +120,7 @@ def advise(infos: list[NodeInfo], pods: list[dict[str, Any]]) -> tuple[list[Unso
             continue
         unsold.append(UnsoldPod(key, resource))
         stuck[_mig_profile(resource) or ""] += units
+    lately = recent_demand(pods, hours)
     advice: list[Advice] = []
     by_product: dict[str, list[NodeInfo]] = {}
     for info in usable:
@@ -100,15 +136,17 @@ def advise(infos: list[NodeInfo], pods: list[dict[str, Any]]) -> tuple[list[Unso
             continue
         idle = sorted((i for i in members if all(s.idle for s in i.state.gpus.slots)),
                       key=lambda i: (i.state.inventory.gpu_count, i.state.inventory.name))
+        asked = {p: n for p, n in lately.items() if sku.resolve(p) is not None}
         best: Advice | None = None
         for config, per_gpu in layouts(sku).items():
             gpus = 0
             for k, info in enumerate(idle, start=1):
                 gpus += info.state.inventory.gpu_count
                 places = sum(min(n, per_gpu.get(p, 0) * gpus) for p, n in want.items())
-                if places and (best is None or (places, -gpus) > (best.places, -best.gpus_recut)):
+                holds = sum(min(n, per_gpu.get(p, 0) * gpus) for p, n in asked.items())
+                if places and (best is None or (places, -gpus, holds) > (best.places, -best.gpus_recut, best.holds)):
                     best = Advice(sku.key, product, config, [i.state.inventory.name for i in idle[:k]], gpus,
-                                  places, sum(want.values()), dict(per_gpu))
+                                  places, sum(want.values()), dict(per_gpu), holds, sum(asked.values()), hours)
         if best is not None:
             advice.append(best)
     return unsold, advice

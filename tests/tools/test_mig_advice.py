@@ -8,8 +8,10 @@ from typing import Any
 
 from gpu_tailor.gpumodel import labels, mig
 from gpu_tailor.tools.capacity import capacity, table
+from gpu_tailor.tools.explain import explain
 from gpu_tailor.tools.migadvice import layouts
 from gpu_tailor.tools.source import Cluster
+from gpu_tailor.webhook.config import AdmissionPolicy
 from tests.conftest import node_fixture
 
 
@@ -29,13 +31,16 @@ def h100_cut_small(name: str) -> dict[str, Any]:
     return node
 
 
-def pod(name: str, resource: str, node: str = "") -> dict[str, Any]:
+def pod(name: str, resource: str, node: str = "", created: str = "") -> dict[str, Any]:
     spec: dict[str, Any] = {"containers": [{"name": "main", "resources": {"limits": {resource: "1"},
                                                                         "requests": {resource: "1"}}}]}
     if node:
         spec["nodeName"] = node
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "team-a", "uid": name},
-            "spec": spec, "status": {"phase": "Running" if node else "Pending"}}
+    meta: dict[str, Any] = {"name": name, "namespace": "team-a", "uid": name}
+    if created:
+        meta["creationTimestamp"] = created
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
+            "status": {"phase": "Running" if node else "Pending"}}
 
 
 def test_pending_3g_pods_on_a_pool_cut_into_1g_get_a_layout_that_places_them() -> None:
@@ -66,3 +71,33 @@ def test_the_standard_layouts_are_valid_cuts_of_their_gpu() -> None:
             cut = [p for name, n in per_gpu.items() for p in [sku.resolve(name)] * n]
             assert all(cut) and mig.fits_together(sku, [p for p in cut if p]), (sku.key, config)
     assert layouts(mig.A100_40GB)["all-balanced"] == {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}
+
+
+def test_among_layouts_that_place_as_many_the_recent_demand_decides() -> None:
+    """One Pending 3g.40gb pod: all-3g.40gb and all-balanced both place it on one idle node. Ten 1g.10gb pods asked
+    for in the last day (bound on the other node) tip it to all-balanced, whose 1g instances would hold them; the
+    same asks two days before the newest pod do not count."""
+    big = pod("big", "nvidia.com/mig-3g.40gb", created="2026-11-26T11:00:00Z")
+    nodes = [h100_cut_small("h100-mig-a"), h100_cut_small("h100-mig-b")]
+    alone = capacity(Cluster(nodes, [big, pod("old", "nvidia.com/mig-1g.10gb", "h100-mig-a",
+                                              "2026-11-20T11:00:00Z")], None, "test"))
+    assert [a.config for a in alone.mig_advice] == ["all-3g.40gb"] and alone.mig_advice[0].recent == 1  # itself
+    lately = [pod(f"small-{i}", "nvidia.com/mig-1g.10gb", "h100-mig-a", f"2026-11-26T0{i}:00:00Z") for i in range(9)]
+    lately.append(pod("small-9", "nvidia.com/mig-1g.10gb", "h100-mig-a", "2026-11-24T11:00:00Z"))  # too old
+    report = capacity(Cluster(nodes, [big, *lately], None, "test"))
+    (advice,) = report.mig_advice
+    assert (advice.config, advice.nodes, advice.places, advice.holds, advice.recent) == (
+        "all-balanced", ["h100-mig-b"], 1, 10, 10)  # the nine 1g asks and the Pending 3g one itself
+    assert "holds 10 of 10 MIG ask(s) of the last 24 h" in table(report)
+    wider = capacity(Cluster(nodes, [big, *lately], None, "test"), recent_hours=72)
+    assert wider.mig_advice[0].recent == 11
+
+
+def test_explain_names_a_mig_ask_no_node_sells_any_more() -> None:
+    cluster = Cluster([h100_cut_small("h100-mig-a")], [], None, "test")
+    said = explain(pod("big", "nvidia.com/mig-3g.40gb"), "pod", cluster, AdmissionPolicy())
+    assert said.chosen is None
+    assert any(n.startswith("no node sells nvidia.com/mig-3g.40gb now") and "gpu-tailor capacity" in n
+               for n in said.notes), said.notes
+    sold = explain(pod("small", "nvidia.com/mig-1g.10gb"), "pod", cluster, AdmissionPolicy())
+    assert sold.chosen == "h100-mig-a" and not any("no node sells" in n for n in sold.notes)
