@@ -131,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--time-sliced", type=float, default=0.3, metavar="SHARE",
                     help="with --scheduler on trace or generated nodes: this share of each model's nodes time-sliced")
     si.add_argument("--replicas", type=int, default=20, help="with --time-sliced: replicas per GPU")
+    si.add_argument("--replica-policy", choices=("distributed", "packed", "spread"),
+                    help="with --scheduler: how the device plugin hands out replicas (its "
+                         "--shared-devices-allocation-policy; default: distributed, or a dump's node labels)")
     si.add_argument("--extender-weight", type=int, metavar="N",
                     help="with --scheduler gpu-tailor: the extender's weight (default: 11, as manifests/scheduler "
                          "ships it)")

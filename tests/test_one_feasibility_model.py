@@ -104,7 +104,7 @@ def simulator_fleet(cache: Cache, node: dict[str, Any], bound: list[dict[str, An
     usable = inv.usable_gpus
     fleet = Fleet()
     row = fleet.upsert(NODE, inv.cpu_milli, inv.memory_bytes // 2**20,
-                       [1000] * usable + [0] * (inv.gpu_count - usable), inv.model, state.gpus.topology,
+                       [1000] * usable + [0] * (inv.gpu_count - usable), inv.model, fleet_row(state).topology,
                        pick=fleet_row(state).pick, step=fleet_row(state).step)
     for pod in bound:
         demand = demand_of(pod)

@@ -136,13 +136,16 @@ class Cache:
         """Copy up to ``limit`` changed nodes (all of them by default) into the read side, as the next
         snapshot would; the number still to copy. A relist does it in chunks, so that the first request
         after it does not copy thousands of nodes at once."""
+        # in name order: a node new to the fleet takes the next row, and the rows' order must not hang on the
+        # hash order of a set (sums over rows would round differently from one process to the next)
         if limit is None:
-            for name in self._dirty:
+            for name in sorted(self._dirty):
                 self._refresh(name)
             self._dirty.clear()
             return 0
-        for _ in range(min(limit, len(self._dirty))):
-            self._refresh(self._dirty.pop())
+        for name in sorted(self._dirty)[:limit]:
+            self._dirty.discard(name)
+            self._refresh(name)
         return len(self._dirty)
 
     def _refresh(self, name: str) -> None:

@@ -211,10 +211,25 @@ class Fleet:
         ok = (self.cpu[rows] >= shape.cpu) & (self.mem[rows] >= shape.mem) & self.model_allowed(shape, rows)
         if shape.gpus:
             gpu = self.gpu[rows]
-            ok &= (gpu >= shape.milli).sum(axis=1) >= shape.gpus
+            fits = (gpu >= shape.milli).sum(axis=1) >= shape.gpus
+            several = self._several_replicas(shape, rows)
+            if several.any():  # the kubelet counts replicas; the plugin hands them out over several GPUs
+                fits = np.where(several, self._replicas_free(rows) * self.step[rows] >= shape.milli, fits)
+            ok &= fits
         if shape.nvlink and shape.gpus > 1:
             ok &= self.nvlinked(rows, shape.gpus)
         return ok
+
+    def _several_replicas(self, shape: Shape, rows: Array) -> Array:
+        """Per row: whether ``shape`` is several replicas of a GPU the node's device plugin shares."""
+        out: Array = shape.sharing & (self.pick[rows] != PICK_ANY) & (self.step[rows] > 0) & \
+            (shape.milli > self.step[rows])
+        return out
+
+    def _replicas_free(self, rows: Array) -> Array:
+        gpu = self.gpu[rows]
+        out: Array = np.where(gpu > 0, gpu // np.maximum(self.step[rows], 1)[:, None], 0).sum(axis=1)
+        return out
 
     def untouched(self, rows: Array) -> Array:
         """Per row: whether the node has GPUs and every one of them is wholly free (a whole free node, what a
@@ -319,7 +334,26 @@ def candidates(fleet: Fleet, shape: Shape, rows: Array) -> PlacementCandidates:
             keep = (pick == PICK_ANY) | ((pick == PICK_MOST_FREE) & (before == most[i])) | \
                    ((pick == PICK_LEAST_FREE) & (before == least[i]))
             i, g, before = i[keep], g[keep], before[keep]
-        return PlacementCandidates(rows[i], g, before, before - shape.milli, np.ones(len(i), np.int64))
+        after = before - shape.milli
+        several = np.flatnonzero(fleet._several_replicas(shape, rows))
+        if len(several):
+            # Several replicas where the device plugin hands them out: one at a time, over the GPUs, so the count
+            # decides and no GPU need hold them all. Scored on the GPU that gets the most of them: the most free,
+            # taking its share of them spread over the GPUs with room; packed, the fullest with room, filled first.
+            keep = ~np.isin(i, several)
+            i, g, before, after = i[keep], g[keep], before[keep], after[keep]
+            step = fleet.step[rows[several]]
+            room = np.maximum(free[several], 0) // step[:, None]  # replicas each GPU has room for
+            units = -(-shape.milli // step)
+            packed = fleet.pick[rows[several]] == PICK_LEAST_FREE
+            fullest = np.where(room > 0, free[several], MILLI + 1).argmin(axis=1)
+            top = np.where(packed, fullest, free[several].argmax(axis=1))
+            spread = -(-units // np.maximum((room > 0).sum(axis=1), 1))
+            took = np.minimum(np.where(packed, units, spread), room[np.arange(len(several)), top]) * step
+            top_before = free[several, top]
+            i, g = np.concatenate([i, several]), np.concatenate([g, top])
+            before, after = np.concatenate([before, top_before]), np.concatenate([after, top_before - took])
+        return PlacementCandidates(rows[i], g, before, after, np.ones(len(i), np.int64))
     n = len(rows)
     full = np.full(n, MILLI, np.int64)
     if shape.gpus:

@@ -20,7 +20,7 @@ from gpu_tailor.gpumodel.fleet import PICK_ANY, PICK_LEAST_FREE, PICK_MOST_FREE,
 from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, Offering, Sharing, UnitsRefusal
 from gpu_tailor.gpumodel.occupancy import FULL, NodeGpus, Placement, ReplicaPolicy, parse_gpu_annotation
 from gpu_tailor.gpumodel.quantity import parse_quantity
-from gpu_tailor.gpumodel.topology import GpuTopology, infer
+from gpu_tailor.gpumodel.topology import GpuTopology, infer, pcie
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +140,10 @@ def fleet_row(node: NodeState) -> FleetRow:
     free = tuple(s.free_milli if s.index in sold else 0 for s in gpus.slots)
     shared = inv.sharing is not Sharing.NONE and inv.replicas > 1
     pick = _PICKS[gpus.policy] if shared else PICK_ANY
+    # a degraded node whose unsold GPUs are not known promises no NVLink set: its links are not scored
+    topology = gpus.topology if gpus.per_gpu_known else pcie(len(gpus.slots))
     return FleetRow(inv.cpu_milli - node.cpu_used, inv.memory_bytes // 2**20 - node.mem_used_mib, free, inv.model,
-                    gpus.topology, inv.cpu_milli, pick, FULL // inv.replicas if shared else 0)
+                    topology, inv.cpu_milli, pick, FULL // inv.replicas if shared else 0)
 
 
 def node_state(inv: NodeInventory) -> NodeState:

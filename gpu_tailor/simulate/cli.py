@@ -11,6 +11,7 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from statistics import mean
@@ -18,6 +19,7 @@ from typing import Any
 
 from gpu_tailor.gpumodel.fleet import MILLI
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
+from gpu_tailor.gpumodel.occupancy import ReplicaPolicy
 from gpu_tailor.gpumodel.policies import POLICIES
 from gpu_tailor.simulate import synthetic
 from gpu_tailor.simulate.cluster import from_dump
@@ -331,6 +333,8 @@ def run_scheduled(args: argparse.Namespace) -> int:
             nodes_src, pods_src = sources(args)
             nodes = time_sliced(nodes_of(nodes_src), args.time_sliced, args.replicas, seeds[0])
             template, workload = pods_of(pods_src)
+        if args.replica_policy:  # every shared pool's device plugin configured so
+            nodes = [replace(n, policy=ReplicaPolicy(args.replica_policy)) if n.shared else n for n in nodes]
         if not any(p.shape.gpus for p in template):
             raise TraceError(f"{workload}: no pod asks for a GPU, nothing to draw a GPU workload from "
                              "(--trace DIR or --pods CSV give one)")
@@ -342,9 +346,10 @@ def run_scheduled(args: argparse.Namespace) -> int:
     capacity = sum(n.node.gpus for n in nodes) * MILLI
     largest = max(n.node.gpus for n in nodes)
     shared = sum(n.shared for n in nodes)
+    handed = "/".join(sorted({n.policy.value for n in nodes if n.shared}))
     print(f"{len(nodes)} nodes ({sum(1 for n in nodes if n.node.gpus)} with GPUs, {shared} of them time-sliced or "
-          f"MPS), {capacity // MILLI} GPUs; pods drawn from {workload} up to {args.inflate:g} x the GPU capacity; "
-          f"gpu-tailor's extender at weight {weight}")
+          f"MPS{f', replicas handed out {handed}' if handed else ''}), {capacity // MILLI} GPUs; pods drawn from "
+          f"{workload} up to {args.inflate:g} x the GPU capacity; gpu-tailor's extender at weight {weight}")
     for note in notes:
         print(f"  {note}")
     mix = [sim_pod(p, per_gpu) for p in template]

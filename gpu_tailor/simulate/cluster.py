@@ -62,7 +62,8 @@ def sim_node(inv: NodeInventory) -> SimNode | str:
         return "sells no GPU through the device plugin (a DRA pool, or not ready)"
     gpus = TraceNode(inv.name, inv.cpu_milli, inv.memory_bytes // 2**20, inv.usable_gpus, inv.model)
     if BackingKind.SHARED in backings:
-        return SimNode(gpus, max(o.replicas for o in inv.offerings if o.backing is BackingKind.SHARED))
+        return SimNode(gpus, max(o.replicas for o in inv.offerings if o.backing is BackingKind.SHARED),
+                       inv.replica_policy)
     return SimNode(gpus)
 
 

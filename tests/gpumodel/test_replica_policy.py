@@ -53,8 +53,16 @@ def test_the_fleet_scores_only_the_gpu_the_device_plugin_would_pick() -> None:
 
     # GPUs with the same free share are one candidate (the lowest index): 2 stands for 2 and 3
     assert where(250) == {rows[0]: [0, 1, 2], rows[1]: [2], rows[2]: [0]}
-    # two replicas go out one at a time, over GPUs: scored as one share the policy places, as before
-    assert where(500) == {rows[0]: [0, 1, 2], rows[1]: [0, 1, 2], rows[2]: [0, 1, 2]}
+    # two replicas go out one at a time, over GPUs: scored on the GPU that gets the most of them -- distributed, the
+    # most free (one of the two), packed, the fullest with room (both)
+    assert where(500) == {rows[0]: [0, 1, 2], rows[1]: [2], rows[2]: [0]}
+    c = candidates(fleet, Shape(1000, 1024, 1, 500), np.asarray(rows[1:]))
+    assert (c.before - c.after).tolist() == [250, 500]
+    # the count decides: three replicas fit where no GPU has 750 free, but for the policy's own sharing
+    half = Fleet()
+    rows = [half.upsert(name, 32000, 65536, [500] * 4, "T4", pick=pick, step=250)
+            for name, pick in (("any", PICK_ANY), ("most", PICK_MOST_FREE), ("least", PICK_LEAST_FREE))]
+    assert half.feasible(Shape(1000, 1024, 1, 750), np.asarray(rows)).tolist() == [False, True, True]
 
 
 def test_a_degraded_node_promises_no_gpu_until_its_unsold_gpus_are_known() -> None:

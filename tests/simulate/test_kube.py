@@ -13,6 +13,7 @@ import yaml
 from gpu_tailor.cli import main
 from gpu_tailor.extender.scores import node_order
 from gpu_tailor.gpumodel.fleet import MILLI, Shape
+from gpu_tailor.gpumodel.occupancy import ReplicaPolicy
 from gpu_tailor.gpumodel.policies import POLICIES
 from gpu_tailor.simulate.cli import time_sliced
 from gpu_tailor.simulate.cluster import from_dump
@@ -69,6 +70,21 @@ def test_simulate_on_the_fixture_dump_prints_both_schedulers(tmp_path: Path,
     assert "node a100-mig-mixed-0 left out: a MIG pool" in out
     assert "1 pod(s) left out of the workload: asks for MIG slices" in out
     assert "whole 8-GPU nodes free" in out
+    assert "3 of them time-sliced or MPS, replicas handed out distributed)" in out  # the dump's nodes: no label
+    assert main(["simulate", "--cluster-file", str(DUMP), "--seeds", "42", "--replica-policy", "packed"]) == 0
+    assert "replicas handed out packed)" in capsys.readouterr().out
+
+
+def test_packed_replicas_fill_a_gpu_before_the_next_distributed_spread_them() -> None:
+    """What the model leaves on a time-sliced node of 4 GPUs after six one-replica pods, by policy."""
+    for policy, left in ((ReplicaPolicy.DISTRIBUTED, [500, 500, 750, 750]),
+                         (ReplicaPolicy.PACKED, [0, 500, 1000, 1000]), (ReplicaPolicy.SPREAD, [500, 500, 750, 750])):
+        node = SimNode(TraceNode("ts", 64000, 262144, 4, "T4"), 4, policy)
+        fleet = build_fleet([node.node], "none", 1)
+        kube = KubeModel(fleet, fleet.rows(), [node], 1)
+        for i in range(6):
+            kube.place(0, SimPod(f"p{i}", Shape(1000, 1024, 1, 250), fractional=True), ())
+        assert fleet.gpu[0, :4].tolist() == left, policy
 
 
 def test_a_dump_with_nothing_to_simulate_on_is_refused_with_the_reasons(
