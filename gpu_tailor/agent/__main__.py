@@ -1,8 +1,9 @@
 """``gpu-tailor agent``: publish what this node did with its GPUs, as a ``NodeGPUReport`` named after it.
 
 Every ``--interval`` seconds it asks the kubelet (PodResources, over ``--pod-resources-socket``) and the
-driver (NVML, where there is one) and, when the report changed, writes it: created if missing, else
-replaced at the version read (a conflict is simply retried on the next round). The report is owned by the
+driver (NVML, where there is one) and, when the report changed or ``--renew`` seconds after it was last written,
+writes it: created if missing, else replaced at the version read (a conflict is simply retried on the next
+round). The extender forgets a report not renewed for 15 minutes. The report is owned by the
 Node object, so deleting the node deletes it. The node is the pod's own (``NODE_NAME``, from the
 downward API's ``spec.nodeName``); the webhook refuses an agent's write to any other node's report
 (``webhook.reports``).
@@ -15,7 +16,7 @@ import asyncio
 import datetime as dt
 import logging
 import sys
-from dataclasses import replace
+import time
 from typing import Any
 
 from gpu_tailor.agent import collect, nvml, podresources
@@ -33,7 +34,7 @@ class Agent:
 
     def __init__(self, node: str, kubelet: podresources.Client, driver: Any | None) -> None:
         self.node, self.kubelet, self.driver = node, kubelet, driver
-        self.last: NodeReport | None = None  # as last written, its time left out
+        self.last: NodeReport | None = None  # as last written (reports that differ only in time are equal)
 
     async def look(self) -> NodeReport:
         assigned = await self.kubelet.assigned()
@@ -41,9 +42,10 @@ class Agent:
         reading = nvml.read(self.driver) if self.driver is not None else None
         return collect.build(self.node, assigned, offered, reading, now())
 
-    async def publish(self, custom: Any, core: Any, report: NodeReport) -> bool:
-        """Write ``report`` unless it says what the last one written said; whether it wrote."""
-        if self.last is not None and replace(report, observed_at="") == self.last:
+    async def publish(self, custom: Any, core: Any, report: NodeReport, renew: bool = False) -> bool:
+        """Write ``report`` unless it says what the last one written said (``renew``: write it anyway, so that its
+        ``observedAt`` says the agent is alive); whether it wrote."""
+        if self.last is not None and report == self.last and not renew:
             return False
         from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -60,7 +62,7 @@ class Agent:
         else:
             body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
             await custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, self.node, body)
-        self.last = replace(report, observed_at="")
+        self.last = report
         return True
 
 
@@ -90,9 +92,12 @@ async def serve(args: argparse.Namespace) -> int:
 
         async with watching(args.kubeconfig, args.in_cluster, lambda api: []) as api:
             custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+            renewed = time.monotonic()
             while True:
                 try:
-                    if await agent.publish(custom, core, await agent.look()):
+                    renew = time.monotonic() - renewed >= args.renew
+                    if await agent.publish(custom, core, await agent.look(), renew):
+                        renewed = time.monotonic()
                         log.info("report for %s written", args.node)
                 except podresources.PodResourcesError as exc:
                     log.warning("kubelet: %s", exc)
@@ -109,4 +114,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("gpu-tailor agent: --node (or NODE_NAME) is required: the node this agent reports on")
     if not 1 <= args.interval <= 3600:
         raise SystemExit("gpu-tailor agent: --interval: expected seconds between 1 and 3600")
+    if not args.interval <= args.renew <= 600:
+        raise SystemExit("gpu-tailor agent: --renew: expected seconds between --interval and 600 (the extender "
+                         "forgets a report not renewed for 900)")
     return asyncio.run(serve(args))

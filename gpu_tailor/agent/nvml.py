@@ -26,6 +26,7 @@ class Gpu:
     healthy: bool = True
     reason: str = ""  # why not healthy
     mig: tuple[str, ...] = ()  # UUIDs of the MIG devices cut from it
+    mig_enabled: bool = False  # MIG mode on (a GPU not cut yet offers the kubelet no device, and is not unhealthy)
     peers: tuple[int, ...] = ()  # GPUs it reaches over NVLink (directly or through NVSwitch)
 
 
@@ -71,7 +72,7 @@ def read(nvml: Any) -> Reading:
         driver = _text(nvml.nvmlSystemGetDriverVersion())
     except nvml.NVMLError as exc:
         return Reading(problems=(f"NVML: {exc}",))
-    raw: list[tuple[int, str, str, int, tuple[str, ...], list[str], bool, str]] = []
+    raw: list[tuple[int, str, str, int, tuple[str, ...] | None, list[str], bool, str]] = []
     for i in range(count):
         try:
             h = nvml.nvmlDeviceGetHandleByIndex(i)
@@ -79,7 +80,7 @@ def read(nvml: Any) -> Reading:
             bus = _bus(nvml.nvmlDeviceGetPciInfo(h).busId)
             memory = int(nvml.nvmlDeviceGetMemoryInfo(h).total) // 2**20
         except nvml.NVMLError as exc:  # GPU_IS_LOST and the like: the GPU is there and unusable
-            raw.append((i, "", "", 0, (), [], False, f"NVML: {exc}"))
+            raw.append((i, "", "", 0, None, [], False, f"NVML: {exc}"))
             continue
         raw.append((i, uuid, bus, memory, _mig(nvml, h), _links(nvml, h), True, ""))
     by_bus = {bus: i for i, _, bus, *_ in raw if bus}
@@ -92,17 +93,19 @@ def read(nvml: Any) -> Reading:
         unknown = [b for b in links if b != SWITCH and b not in by_bus]
         if unknown:
             problems.append(f"GPU {i}: NVLink to {', '.join(sorted(set(unknown)))}, which is no GPU NVML lists")
-        gpus.append(Gpu(i, uuid, bus, memory, ok, reason, mig, tuple(sorted(peers))))
+        gpus.append(Gpu(i, uuid, bus, memory, ok, reason, mig or (), mig_enabled=mig is not None,
+                        peers=tuple(sorted(peers))))
     return Reading(tuple(gpus), driver, tuple(problems))
 
 
-def _mig(nvml: Any, h: Any) -> tuple[str, ...]:
+def _mig(nvml: Any, h: Any) -> tuple[str, ...] | None:
+    """The UUIDs of the GPU's MIG devices; None when MIG mode is off (or the GPU cannot do MIG)."""
     try:
         current, _pending = nvml.nvmlDeviceGetMigMode(h)
     except nvml.NVMLError:  # not MIG-capable
-        return ()
+        return None
     if current != nvml.NVML_DEVICE_MIG_ENABLE:
-        return ()
+        return None
     out: list[str] = []
     for j in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(h))):
         try:

@@ -42,6 +42,7 @@ the agent last looked), the prediction stands.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import time
@@ -80,6 +81,8 @@ from gpu_tailor.kube.freshness import Freshness
 log = logging.getLogger(__name__)
 
 ASSUMED_TTL = 30.0  # seconds an accepted Binding may go unseen by the watch before its GPUs are freed
+REPORT_STALE = 900.0  # seconds a node agent's report may go unrenewed (the agent renews it every 300 s)
+REPORT_CHECK = 30.0  # seconds between looks for stale reports
 KEPT_PENDING = 512  # pods asked about and not yet seen by the watch (least recently asked dropped first)
 POD_CHUNK = 100  # pods a relist handles between two turns of the event loop (a few ms)
 NODE_CHUNK = 25  # nodes, likewise
@@ -89,8 +92,11 @@ REFRESH_CHUNK = 100  # changed nodes copied into the read side per turn at the e
 class Cache:
     """Nodes, pods and assumptions, kept by the watches and bind; read through ``snapshot()``."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, ttl: float = ASSUMED_TTL) -> None:
-        self.clock, self.ttl = clock, ttl
+    def __init__(self, clock: Callable[[], float] = time.monotonic, ttl: float = ASSUMED_TTL,
+                 wall: Callable[[], float] = time.time, report_stale: float | None = REPORT_STALE) -> None:
+        """``wall``: the clock reports' ``observedAt`` is read against; ``report_stale``: seconds after which an
+        unrenewed report is forgotten (None: never, for a cluster file read at another time)."""
+        self.clock, self.ttl, self.wall, self.report_stale = clock, ttl, wall, report_stale
         self.nodes: dict[str, NodeState] = {}  # the writer's own copies, changed in place
         self.generation: dict[str, int] = {}
         self.kind_of: dict[str, int] = {}
@@ -115,7 +121,9 @@ class Cache:
         self.reports: dict[str, NodeReport] = {}  # node agents' reports, by node
         self._held: dict[str, dict[str, tuple[int, ...]]] = {}  # node -> pod -> reported GPUs (``pod_gpus``)
         self.contradictions = 0  # pods whose reported GPUs the prediction did not allow
-        self._contradicted: set[tuple[str, str, tuple[int, ...]]] = set()  # (pod, uid, GPUs) counted already
+        self._contradicted: dict[str, tuple[str, tuple[int, ...]]] = {}  # pod -> (uid, GPUs) counted already
+        self._observed: dict[str, float] = {}  # node -> its report's observedAt (seconds since the epoch)
+        self._reports_checked = -math.inf  # self.clock() when stale reports were last looked for
 
     @property
     def ready(self) -> bool:
@@ -128,6 +136,7 @@ class Cache:
         """The cluster for one request: nodes that changed since the last call are copied, and their
         fleet rows written; assumptions past their deadline are dropped first."""
         self.expire()
+        self.expire_reports()
         self.refresh()
         return Snapshot(self._view, self.fleet, self.policy, frozenset(self._degraded), self.verdicts, self.ready,
                         self.dra)
@@ -289,19 +298,38 @@ class Cache:
         name = str((obj.get("metadata") or {}).get("name", ""))
         if event == "DELETED":
             self._held.pop(name, None)
+            self._observed.pop(name, None)
             if self.reports.pop(name, None) is None:
                 return
         else:
             report = parse_report(obj)
             if report.problems:
                 log.warning("NodeGPUReport %s: %s", name, "; ".join(report.problems))
-            if self.reports.get(name) == report:
+            observed = _epoch(report.observed_at)
+            if observed is not None:
+                self._observed[name] = observed
+            if self.reports.get(name) == report:  # renewed, nothing else changed (observedAt is not compared)
                 return
             self.reports[name] = report
             self._held[name] = report.pod_gpus()
         ns = self.nodes.get(name)
         if ns is not None:
             self._install(ns.inventory)
+
+    def expire_reports(self) -> None:
+        """Forget reports their agents have not renewed for ``REPORT_STALE`` seconds (an agent renews its report every
+        few minutes even when nothing changed): their nodes go back to predictions. Looked at every
+        ``REPORT_CHECK`` seconds at most."""
+        now = self.clock()
+        if self.report_stale is None or now - self._reports_checked < REPORT_CHECK or not self._observed:
+            return
+        self._reports_checked = now
+        wall = self.wall()
+        for name, observed in list(self._observed.items()):
+            if wall - observed > self.report_stale:
+                log.warning("the report of node %s is %.0f min old: its agent is gone or cannot write; its GPUs are "
+                            "predicted again", name, (wall - observed) / 60)
+                self.apply_report("DELETED", {"metadata": {"name": name}})
 
     def reset_reports(self, items: list[dict[str, Any]]) -> None:
         """A whole report list: what it lacks is gone."""
@@ -317,7 +345,14 @@ class Cache:
         if report is None:
             return
         gpus = state.gpus
-        gpus.set_unhealthy(report.unhealthy())
+        unhealthy = report.unhealthy()
+        if unhealthy is not None and len(gpus.slots) - len(unhealthy) != state.inventory.usable_gpus:
+            # the report and the node's allocatable disagree on how many GPUs are sold (one of them is behind):
+            # the count stands, and which GPUs stays unknown until they agree
+            log.info("node %s: its report marks %d of %d GPUs unsold, its allocatable %d", state.name, len(unhealthy),
+                     len(gpus.slots), len(gpus.slots) - state.inventory.usable_gpus)
+            unhealthy = None
+        gpus.set_unhealthy(unhealthy)
         peers = report.peers(len(gpus.slots))
         if peers is not None and any(peers):
             gpus.topology = from_peers(peers)
@@ -373,6 +408,7 @@ class Cache:
 
     def _drop(self, rec: PodRecord) -> None:
         self._unplace(rec)
+        self._contradicted.pop(rec.key, None)
         self.pods.pop(rec.key, None)
         on = self.on_node.get(rec.node)
         if on is not None:
@@ -414,6 +450,10 @@ class Cache:
             if placement is None or refit or (reported is not None and holds(placement) != reported):
                 known = placement is not None and not placement.unplaced and not placement.counted
                 placement = where(ns, d, holds(placement) if known else rec.recorded)
+                old = rec.placement
+                if old is not None and placement is not None and holds(placement) == holds(old):
+                    # the same GPUs again: still the prediction they were (the set they were picked among)
+                    placement = replace(placement, maybe=old.maybe, read_back=old.read_back)
                 if reported is not None and placement is not None and holds(placement) != reported:
                     # what was predicted: the record's own placement (with the set it was chosen from), else now
                     self._contradicted_by(rec, rec.placement or placement, reported)
@@ -432,17 +472,19 @@ class Cache:
         return held.get(rec.key) if held is not None else None
 
     def _contradicted_by(self, rec: PodRecord, placement: Placement, reported: tuple[int, ...]) -> None:
-        """Count a pod whose reported GPUs the prediction did not allow (once per pod and report)."""
+        """Count a pod whose reported GPUs the prediction did not allow (once per pod)."""
         if placement.counted:
             return  # a guess on a degraded node promised nothing
         if placement.maybe and set(reported) <= set(placement.maybe) and len(reported) == len(placement.gpus):
             return  # the device plugin picked among GPUs the prediction named
-        seen = (rec.key, rec.uid, reported)
-        if seen not in self._contradicted:
-            self._contradicted.add(seen)
-            self.contradictions += 1
-            log.info("pod %s on %s holds GPUs %s, not %s as predicted", rec.key, rec.node,
-                     ",".join(map(str, reported)), ",".join(map(str, sorted(placement.gpus))))
+        if placement.read_back:
+            return  # replicas read back from bind's annotation: the set they were picked from is not known here
+        if self._contradicted.get(rec.key) == (rec.uid, reported):
+            return
+        self._contradicted[rec.key] = (rec.uid, reported)
+        self.contradictions += 1
+        log.info("pod %s on %s holds GPUs %s, not %s as predicted", rec.key, rec.node,
+                 ",".join(map(str, reported)), ",".join(map(str, sorted(placement.gpus))))
 
     def _unplace(self, rec: PodRecord) -> None:
         ns = self.nodes.get(rec.node) if rec.node else None
@@ -453,6 +495,15 @@ class Cache:
         ns.cpu_used -= rec.demand.cpu_milli
         ns.mem_used_mib -= rec.demand.memory_mib
         self._touch(rec.node)
+
+
+def _epoch(stamp: str) -> float | None:
+    """An RFC 3339 time (``2026-11-26T12:00:00Z``) in seconds since the epoch; None when unreadable."""
+    try:
+        when = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)).timestamp()
 
 
 class NodeRelist:

@@ -79,9 +79,9 @@ class Shape:
 # Which GPU of a node a sharing pod goes to: the policy's choice (the simulator's GPU-sharing
 # scheduler), or the node's device plugin's (replicas, ``occupancy.ReplicaPolicy``): the GPU with the
 # most free (distributed, spread), or the least free that fits (packed). Replicas of one node are all
-# alike, so free share orders the GPUs as their replica counts do. A pod of several replicas is scored
-# as one share the policy places (the plugin hands its units out one at a time, over several GPUs,
-# which one share cannot say).
+# alike, so free share orders the GPUs as their replica counts do. There a pod of several replicas fits
+# where the node has that many free (the kubelet counts them; the plugin hands them out one at a time,
+# over the GPUs), and is scored on the GPU that gets the most of them (``candidates``).
 PICK_ANY, PICK_MOST_FREE, PICK_LEAST_FREE = 0, 1, 2
 
 

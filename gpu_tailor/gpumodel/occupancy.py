@@ -64,6 +64,8 @@ class Placement:
     # the GPUs are bookkeeping, not a prediction: a degraded node whose unsold GPUs are not known
     # (``NodeGpus.per_gpu_known``); the units are counted there and no GPU is promised or annotated
     counted: bool = False
+    # replicas read back from bind's annotation (after a restart, say): which GPUs they were picked among is lost
+    read_back: bool = False
 
     @property
     def units(self) -> int:

@@ -53,7 +53,7 @@ class ContainerGpus:
 @dataclass(frozen=True, slots=True)
 class NodeReport:
     node: str
-    observed_at: str = ""
+    observed_at: str = field(default="", compare=False)  # when the agent last looked (not compared)
     driver: str = ""
     gpus: tuple[ReportedGpu, ...] = ()
     containers: tuple[ContainerGpus, ...] = ()
@@ -113,8 +113,15 @@ def parse(obj: Mapping[str, Any]) -> NodeReport:
         return NodeReport(name, problems=("spec: missing",))
     if spec.get("node") != name:
         return NodeReport(name, problems=(f"spec.node {spec.get('node')!r} is not the report's name {name!r}",))
+    def items(key: str) -> list[Any]:
+        raw = spec.get(key) or []
+        if isinstance(raw, list):
+            return raw
+        problems.append(f"spec.{key}: expected a list, got {type(raw).__name__}")
+        return []
+
     gpus: list[ReportedGpu] = []
-    for i, g in enumerate(spec.get("gpus") or []):
+    for i, g in enumerate(items("gpus")):
         index = g.get("index") if isinstance(g, Mapping) else None
         if not isinstance(index, int) or isinstance(index, bool) or index < 0:
             problems.append(f"gpus[{i}]: no index")
@@ -122,7 +129,7 @@ def parse(obj: Mapping[str, Any]) -> NodeReport:
         peers = _ints(g.get("peers", []), f"gpus[{i}].peers", problems)
         gpus.append(ReportedGpu(index, str(g.get("uuid", "")), g.get("healthy") is not False, peers))
     containers: list[ContainerGpus] = []
-    for i, c in enumerate(spec.get("pods") or []):
+    for i, c in enumerate(items("pods")):
         if not isinstance(c, Mapping) or not c.get("namespace") or not c.get("name"):
             problems.append(f"pods[{i}]: needs namespace and name")
             continue
@@ -130,6 +137,6 @@ def parse(obj: Mapping[str, Any]) -> NodeReport:
         if held:
             containers.append(ContainerGpus(str(c["namespace"]), str(c["name"]), str(c.get("container", "")),
                                             str(c.get("resource", "")), held))
-    unmapped = tuple(str(u) for u in spec.get("unmapped") or [])
+    unmapped = tuple(str(u) for u in items("unmapped"))
     return NodeReport(name, str(spec.get("observedAt", "")), str(spec.get("driver", "")), tuple(gpus),
                       tuple(containers), unmapped, tuple(problems))

@@ -17,7 +17,7 @@ from gpu_tailor.gpumodel import devices, labels
 from gpu_tailor.gpumodel.ask import PodAsk, Topology, from_pod, kube_effective
 from gpu_tailor.gpumodel.devices.base import Fit as Fit
 from gpu_tailor.gpumodel.fleet import PICK_ANY, PICK_LEAST_FREE, PICK_MOST_FREE, Shape
-from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, Offering, Sharing, UnitsRefusal
+from gpu_tailor.gpumodel.inventory import BackingKind, HealthState, NodeInventory, Offering, UnitsRefusal
 from gpu_tailor.gpumodel.occupancy import FULL, NodeGpus, Placement, ReplicaPolicy, parse_gpu_annotation
 from gpu_tailor.gpumodel.quantity import parse_quantity
 from gpu_tailor.gpumodel.topology import GpuTopology, infer, pcie
@@ -138,7 +138,9 @@ def fleet_row(node: NodeState) -> FleetRow:
     inv, gpus = node.inventory, node.gpus
     sold = {s.index for s in gpus.usable_slots()}
     free = tuple(s.free_milli if s.index in sold else 0 for s in gpus.slots)
-    shared = inv.sharing is not Sharing.NONE and inv.replicas > 1
+    # replicas of whole GPUs (not of MIG instances: those sit where the node's MIG layout has them)
+    shared = inv.replicas > 1 and any(o.backing is BackingKind.SHARED and o.mig_profile is None
+                                      for o in inv.offerings)
     pick = _PICKS[gpus.policy] if shared else PICK_ANY
     # a degraded node whose unsold GPUs are not known promises no NVLink set: its links are not scored
     topology = gpus.topology if gpus.per_gpu_known else pcie(len(gpus.slots))

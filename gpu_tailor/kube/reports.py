@@ -45,19 +45,32 @@ async def installed(custom: Any) -> bool:
 async def report_watch(api: Any, reset: Callable[[list[dict[str, Any]]], None],
                        apply: Callable[[str, dict[str, Any]], object], freshness: dict[str, Freshness],
                        window: int = WATCH_WINDOW, recheck: float = RECHECK) -> None:
+    """Watch the reports while their CRD is installed; when it goes (the agent uninstalled), forget them, leave
+    readiness alone, and look for it again every ``recheck`` seconds."""
     from kubernetes_asyncio import client
 
     from gpu_tailor.kube.watch import list_and_watch
 
     custom = client.CustomObjectsApi(api)
-    said = False
-    while not await installed(custom):
-        if not said:
-            log.info("no %s.%s served (the node agent's CRD is not installed): GPUs within nodes are predicted",
-                     PLURAL, GROUP)
-            said = True
-        await asyncio.sleep(recheck)
-    log.info("watching %s.%s: the node agents' reports win over predictions", PLURAL, GROUP)
-    fresh = freshness[PLURAL] = Freshness()
-    await list_and_watch(functools.partial(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL), reset, apply,
-                         freshness=fresh, timeout_seconds=window)
+    while True:
+        said = False
+        while not await installed(custom):
+            if not said:
+                log.info("no %s.%s served (the node agent's CRD is not installed): GPUs within nodes are predicted",
+                         PLURAL, GROUP)
+                said = True
+            await asyncio.sleep(recheck)
+        log.info("watching %s.%s: the node agents' reports win over predictions", PLURAL, GROUP)
+        fresh = freshness[PLURAL] = Freshness()
+        watch = asyncio.create_task(list_and_watch(
+            functools.partial(custom.list_cluster_custom_object, GROUP, VERSION, PLURAL), reset, apply,
+            freshness=fresh, timeout_seconds=window))
+        try:
+            while await installed(custom):  # the watch relists on its own; only the CRD's removal ends it
+                await asyncio.sleep(recheck)
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        freshness.pop(PLURAL, None)
+        reset([])  # the agents' word is gone with their CRD: back to predictions
+        log.info("%s.%s no longer served: GPUs within nodes are predicted again", PLURAL, GROUP)

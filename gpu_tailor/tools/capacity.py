@@ -192,7 +192,7 @@ def _fragmentation(infos: list[NodeInfo], mix: Mix) -> float:
 
 def capacity(cluster: Cluster, cpu_milli: int = 1000, memory_mib: int = 4096, pool_label: str | None = None,
              recent_hours: float = 24.0) -> Report:
-    cache = Cache()
+    cache = Cache(report_stale=None)  # a dump is read later than it was taken: its reports are as they were
     cache.reset_reports(cluster.reports)  # the node agents' word first: the nodes are installed with it
     cache.reset_pods(cluster.pods)
     cache.reset_nodes(cluster.nodes)

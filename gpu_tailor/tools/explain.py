@@ -203,7 +203,7 @@ def dra_allocations(stored: Obj, cache: Cache) -> dict[str, str] | None:
 def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
     """Every node's verdict: kube-scheduler's own filters first, then the extender's filter, prioritize
     and bind's choice of GPUs on the nodes that pass them."""
-    cache = Cache()
+    cache = Cache(report_stale=None)  # a dump is read later than it was taken: its reports are as they were
     cache.reset_reports(cluster.reports)  # the node agents' word first: the nodes are installed with it
     cache.reset_pods(cluster.pods)  # as ``gpu-tailor extender --cluster-file`` loads it
     cache.reset_nodes(cluster.nodes)

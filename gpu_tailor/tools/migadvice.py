@@ -75,9 +75,10 @@ def _mig_profile(resource: str) -> str | None:
 def _created(pod: dict[str, Any]) -> dt.datetime | None:
     raw = (pod.get("metadata") or {}).get("creationTimestamp")
     try:
-        return dt.datetime.fromisoformat(str(raw).replace("Z", "+00:00")) if raw else None
+        when = dt.datetime.fromisoformat(str(raw).replace("Z", "+00:00")) if raw else None
     except ValueError:
         return None
+    return when.replace(tzinfo=dt.UTC) if when is not None and when.tzinfo is None else when
 
 
 def recent_demand(pods: list[dict[str, Any]], hours: float) -> Counter[str]:

@@ -1,4 +1,4 @@
-"""``/reports``: a node agent may write only its own node's ``NodeGPUReport``.
+"""``/reports``: a node agent may write only its own node's ``NodeGPUReport``; nothing else is sent here.
 
 RBAC cannot say "your own node": the agents' ClusterRole grants writes on every report (``resourceNames``
 are fixed names). So the webhook configuration's ``reports.gpu-tailor.io`` entry sends the agents' own
@@ -49,7 +49,11 @@ async def check(request: dict[str, Any], namespace: str, pods: PodLookup | None)
         return _deny(f"/reports reviews {PLURAL}.{GROUP} only, not {resource.get('resource')!r}", 400)
     user = request.get("userInfo") or {}
     if user.get("username") != agent_user(namespace):
-        return Decision(allowed=True, backing="report")  # people and controllers: RBAC decides
+        # only the agents' writes are sent here (the entry's matchConditions): anyone else's means the webhook
+        # and the configuration disagree on the agents' namespace -- refuse rather than let a write through unchecked
+        return _deny(f"/reports checks the node agents of namespace {namespace} ({agent_user(namespace)}), not "
+                     f"{user.get('username')!r}: the webhook's --agent-namespace and the webhook configuration's "
+                     "matchConditions must name the same namespace", 500)
     obj = request.get("oldObject") if request.get("operation") == "DELETE" else request.get("object")
     name = str(request.get("name") or ((obj or {}).get("metadata") or {}).get("name") or "")
     extra = user.get("extra")

@@ -5,6 +5,7 @@ socket, NVML's answers for the board, the report the agent builds, and what the 
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,12 +14,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpu_tailor.agent import collect, podresources
+from gpu_tailor.agent import collect, nvml, podresources
 from gpu_tailor.agent.__main__ import Agent
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.pools import AgentMetrics
 from gpu_tailor.gpumodel import labels
-from gpu_tailor.gpumodel.report import parse
+from gpu_tailor.gpumodel.report import NodeReport, ReportedGpu, parse
 from gpu_tailor.tools.explain import explain, table
 from gpu_tailor.tools.source import Cluster
 from gpu_tailor.webhook.config import AdmissionPolicy
@@ -93,7 +94,7 @@ async def report_of(kubelet: Kubelet, boards: FakeNvml, node: str, socket_dir: P
 
 async def test_what_the_node_did_wins_over_the_prediction(socket_dir: Path) -> None:
     """The device plugin put the three replicas on GPUs 3, 3 and 2 (not 0, 0 and 1 as bind recorded): the
-    extender's cache and explain show the reported GPUs, and the contradiction metric counts the three pods."""
+    extender's cache and explain show the reported GPUs."""
     t4 = pcie()
     kubelet = Kubelet([Held("team-a", "r0", "main", "nvidia.com/gpu", [replica(t4[3].uuid, 0)]),
                        Held("team-a", "r1", "main", "nvidia.com/gpu", [replica(t4[3].uuid, 1)]),
@@ -117,14 +118,39 @@ async def test_what_the_node_did_wins_over_the_prediction(socket_dir: Path) -> N
     cache.apply_report("ADDED", obj)  # as the watch delivers it, after the nodes and pods
     state = cache.snapshot().nodes[T4].state
     assert [s.replicas_used for s in state.gpus.slots] == [0, 0, 1, 2]
-    assert cache.contradictions == 3
+    # read back from bind's annotations, as after a restart: the sets they were picked from are not known here,
+    # so they count as no contradiction
+    assert cache.contradictions == 0
+    cache.apply_report("DELETED", obj)  # the agent is gone: the pods keep the GPUs last known
+    assert [s.replicas_used for s in cache.snapshot().nodes[T4].state.gpus.slots] == [0, 0, 1, 2]
+
+
+async def test_the_contradictions_of_a_prediction_are_counted_once(socket_dir: Path) -> None:
+    """Three one-replica pods this extender predicted on an idle time-sliced node (GPU 0 of any, then 1 of 1-3,
+    then 2 of 2-3, under the default policy); the node's device plugin in fact packs them: 0, 0 and 1. The second
+    and third are contradictions, the first a pick within its set."""
+    t4 = pcie()
+    cluster = the_cluster([])
+    cluster.pods[:] = [pod(n, {"nvidia.com/gpu": "1"}, node=T4) for n in ("r0", "r1", "r2")]
+    cache = Cache()
+    cache.reset_nodes(cluster.nodes)
+    for p in cluster.pods:  # bound one after the other, as the watch shows them
+        cache.apply_pod("ADDED", p)
+    assert [cache.pods[f"team-a/{n}"].placement.maybe for n in ("r0", "r1", "r2")] == [  # type: ignore[union-attr]
+        (0, 1, 2, 3), (1, 2, 3), (2, 3)]
+    kubelet = Kubelet([Held("team-a", n, "main", "nvidia.com/gpu", [replica(t4[g].uuid, k)])
+                       for n, g, k in (("r0", 0, 0), ("r1", 0, 1), ("r2", 1, 0))])
+    obj = await report_of(kubelet, FakeNvml(t4), T4, socket_dir)
+    cache.apply_node("MODIFIED", copy.deepcopy(node_fixture(T4)) | {"metadata": {  # a node update re-places them
+        **node_fixture(T4)["metadata"], "labels": {**node_fixture(T4)["metadata"]["labels"], "x": "y"}}})
+    cache.apply_report("ADDED", obj)
+    assert cache.contradictions == 2
+    assert [s.replicas_used for s in cache.snapshot().nodes[T4].state.gpus.slots] == [2, 1, 0, 0]
     cache.apply_report("MODIFIED", obj)  # the same report again counts nothing twice
     registry = CollectorRegistry()
     registry.register(AgentMetrics(cache))
     scraped = generate_latest(registry).decode()
-    assert "gpu_tailor_agent_contradictions_total 3.0" in scraped and "gpu_tailor_agent_reports 1.0" in scraped
-    cache.apply_report("DELETED", obj)  # the agent is gone: the pods keep the GPUs last known
-    assert [s.replicas_used for s in cache.snapshot().nodes[T4].state.gpus.slots] == [0, 0, 1, 2]
+    assert "gpu_tailor_agent_contradictions_total 2.0" in scraped and "gpu_tailor_agent_reports 1.0" in scraped
 
 
 async def test_a_report_within_the_predicted_set_is_no_contradiction(socket_dir: Path) -> None:
@@ -226,3 +252,57 @@ def test_without_nvml_index_ids_still_place_pods() -> None:
     report = collect.build("n", held, [], None, "2026-11-26T12:00:00Z")
     assert report.pod_gpus() == {"team-a/p": (2, 3)} and report.unmapped == ("GPU-abc",)
     assert report.gpus == () and report.unhealthy() is None  # health needs NVML
+
+
+def test_a_report_its_agent_stopped_renewing_is_forgotten() -> None:
+    """A report not renewed for 15 minutes goes (its agent is gone): the node's GPUs are predicted again. A report
+    whose count of unsold GPUs disagrees with the node's allocatable is not trusted on which ones."""
+    now = [1_800_000_000.0]
+    tick = [0.0]
+    cache = Cache(clock=lambda: tick[0], wall=lambda: now[0])
+    node = "h100-degraded-0"  # sells 5 of 8
+    cache.reset_nodes([copy.deepcopy(node_fixture(node))])
+    cache.reset_pods([])
+
+    def report(unsold: list[int], at: float) -> dict[str, Any]:
+        stamp = dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return NodeReport(node, stamp, "550.54.15", tuple(ReportedGpu(i, f"GPU-{i}", i not in unsold)
+                                                          for i in range(8))).object()
+
+    cache.apply_report("ADDED", report([1, 4], now[0]))  # two unsold, but allocatable says three
+    assert not cache.snapshot().nodes[node].state.gpus.per_gpu_known
+    cache.apply_report("MODIFIED", report([1, 4, 6], now[0]))
+    assert cache.snapshot().nodes[node].state.gpus.free_whole() == [0, 2, 3, 5, 7]
+    now[0] += 600
+    tick[0] += 600
+    assert node in cache.snapshot().nodes and node in cache.reports  # 10 min: still fresh
+    now[0] += 400
+    tick[0] += 400
+    snap = cache.snapshot()
+    assert node not in cache.reports and not snap.nodes[node].state.gpus.per_gpu_known
+
+
+def test_a_gpu_in_mig_mode_not_cut_yet_is_not_unhealthy_and_bad_lists_are_said() -> None:
+    boards = pcie(2)
+    boards[1].mig = []  # MIG mode on, no instance yet: the kubelet offers nothing on it
+    reading = nvml.read(FakeNvml(boards))
+    offered = [podresources.Devices("nvidia.com/gpu", (boards[0].uuid,))]
+    report = collect.build("n", [], offered, reading, "2026-11-26T12:00:00Z")
+    assert [g.healthy for g in report.gpus] == [True, True]
+    assert parse({"metadata": {"name": "n"}, "spec": {"node": "n", "gpus": "all", "unmapped": 3}}).problems == (
+        "spec.gpus: expected a list, got str", "spec.unmapped: expected a list, got int")
+
+
+async def test_an_unchanged_report_is_renewed_when_asked(socket_dir: Path) -> None:
+    t4 = pcie()
+    api = FakeApi()
+    async with serving(Kubelet([]), socket_dir) as path:
+        client = podresources.Client(path)
+        agent = Agent(T4, client, FakeNvml(t4))
+        try:
+            assert await agent.publish(api, api, await agent.look())
+            assert not await agent.publish(api, api, await agent.look())
+            assert await agent.publish(api, api, await agent.look(), renew=True)
+        finally:
+            await client.close()
+    assert api.writes == ["create", "replace"]

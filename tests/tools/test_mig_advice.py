@@ -9,7 +9,7 @@ from typing import Any
 from gpu_tailor.gpumodel import labels, mig
 from gpu_tailor.tools.capacity import capacity, table
 from gpu_tailor.tools.explain import explain
-from gpu_tailor.tools.migadvice import layouts
+from gpu_tailor.tools.migadvice import layouts, recent_demand
 from gpu_tailor.tools.source import Cluster
 from gpu_tailor.webhook.config import AdmissionPolicy
 from tests.conftest import node_fixture
@@ -101,3 +101,10 @@ def test_explain_names_a_mig_ask_no_node_sells_any_more() -> None:
                for n in said.notes), said.notes
     sold = explain(pod("small", "nvidia.com/mig-1g.10gb"), "pod", cluster, AdmissionPolicy())
     assert sold.chosen == "h100-mig-a" and not any("no node sells" in n for n in sold.notes)
+
+
+def test_timestamps_without_a_zone_are_read_as_utc() -> None:
+    pods = [pod("a", "nvidia.com/mig-1g.10gb", created="2026-11-26T10:00:00"),  # no zone: as a hand-made dump
+            pod("b", "nvidia.com/mig-1g.10gb", created="2026-11-26T11:00:00Z"),
+            pod("c", "nvidia.com/mig-2g.20gb", created="not a time")]
+    assert recent_demand(pods, 24) == {"1g.10gb": 2}

@@ -1,4 +1,5 @@
-"""``/reports``: a node agent writes its own node's NodeGPUReport only; everyone else is left to RBAC.
+"""``/reports``: a node agent writes its own node's NodeGPUReport only (the configuration sends nobody else's writes,
+and a review of anyone else's fails closed).
 
 The reviews are built on the envelope of a captured AdmissionReview (``tests/fixtures/admission``), with the
 report as the object and the caller as the API server describes a pod's service account: on 1.32 and later
@@ -66,9 +67,12 @@ def review(name: str, user: dict[str, Any], operation: str = "UPDATE", spec_node
     ("gpu-node-1", caller(pod="gpu-tailor-agent-gone"), "UPDATE", False, "does not exist"),
     ("gpu-node-1", caller(pod="gpu-tailor-agent-pending"), "UPDATE", False, "is not on a node yet"),
     ("gpu-node-1", caller(), "UPDATE", False, "name no pod and no node"),  # a long-lived token, not a pod's
-    ("gpu-node-2", caller(username="kubernetes-admin"), "UPDATE", True, ""),  # not an agent: RBAC decides
+    # never sent here by the configuration: the namespaces disagree, so it fails closed
+    ("gpu-node-2", caller(username="kubernetes-admin"), "UPDATE", False, "must name the same namespace"),
+    ("gpu-node-1", caller(node="gpu-node-1", username="system:serviceaccount:other:gpu-tailor-agent"), "UPDATE",
+     False, "not 'system:serviceaccount:other:gpu-tailor-agent'"),
 ], ids=["own-node", "other-node", "delete-other", "pod-own", "pod-other", "pod-uid-differs", "pod-gone",
-        "pod-unscheduled", "no-pod-no-node", "admin"])
+        "pod-unscheduled", "no-pod-no-node", "admin", "other-namespace"])
 async def test_an_agent_writes_its_own_nodes_report_only(name: str, user: dict[str, Any], operation: str,
                                                          allowed: bool, says: str) -> None:
     decision = await check(review(name, user, operation)["request"], "gpu-tailor", pods)

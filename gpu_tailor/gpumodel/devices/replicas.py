@@ -94,7 +94,8 @@ class Replicas(Device):
     def recorded(self, offering: Offering, gpus: NodeGpus, used: int, units: int,
                  annotation: tuple[int, ...] | None) -> Placement:
         if annotation is not None:  # one GPU per unit; fewer recorded (one for several units) are repeated
-            return replica_placement(offering, tuple(annotation[i % len(annotation)] for i in range(units)))
+            return replace(replica_placement(offering, tuple(annotation[i % len(annotation)] for i in range(units))),
+                           read_back=True)
         predicted = self.fit(offering, gpus, used, units).placement
         if predicted is not None:
             return predicted
