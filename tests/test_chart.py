@@ -138,11 +138,22 @@ def test_the_extender_config_the_chart_writes_is_one_the_extender_reads(tmp_path
     assert (settings.ties, settings.prior.floor) == ("whole", 0.002)
 
 
+def test_a_webhook_run_outside_the_cluster_is_called_at_its_url_on_each_entrys_path() -> None:
+    """``webhook.url``: what the end-to-end helm test installs (its webhook runs beside a control plane)."""
+    hooks = rendered("--set", "webhook.url=https://127.0.0.1:9443")[
+        ("MutatingWebhookConfiguration", "", "gpu-tailor")]["webhooks"]
+    assert [h["clientConfig"] for h in hooks] == [{"url": "https://127.0.0.1:9443/mutate"},
+                                                  {"url": "https://127.0.0.1:9443/mutate"},
+                                                  {"url": "https://127.0.0.1:9443/reports"}]
+
+
 @pytest.mark.parametrize(("setting", "says"), [("webhook.failurePolicy=Maybe", "/webhook/failurePolicy"),
                                                ("certificates=letsencrypt", "/certificates"),
                                                ("scheduler.image.tag=latest", "/scheduler/image/tag"),
                                                ("webhok.replicas=3", "webhok"),
-                                               ("webhook.timeoutSeconds=60", "/webhook/timeoutSeconds")])
+                                               ("webhook.timeoutSeconds=60", "/webhook/timeoutSeconds"),
+                                               ("webhook.url=http://127.0.0.1:9443", "/webhook/url"),
+                                               ("webhook.url=https://127.0.0.1:9443/mutate", "/webhook/url")])
 def test_the_values_schema_refuses_what_would_break_the_install(setting: str, says: str) -> None:
     out = template("--set", setting, check=False)
     assert out.returncode != 0 and says in out.stderr, out.stderr

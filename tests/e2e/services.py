@@ -15,6 +15,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -262,10 +263,15 @@ def webhook_argv(rendered: Rendered, port: int, kubeconfig: Path) -> list[str]:
                                              kubeconfig))
 
 
-def start_stack(cp: ControlPlane, kube: Kube, workdir: Path) -> Stack:
+Installer = Callable[[ControlPlane, Kube, Path, int], Rendered]
+
+
+def start_stack(cp: ControlPlane, kube: Kube, workdir: Path, installer: Installer | None = None) -> Stack:
+    """gpu-tailor on ``cp``: installed by ``installer`` (default ``install``, kustomize; ``tests/e2e/test_helm.py``
+    installs the chart), its three processes started from what it rendered, admission working."""
     webhook_port, extender_port, scheduler_port, probes_port = free_port(), free_port(), free_port(), free_port()
     overlay = workdir / "overlay"
-    rendered = install(cp, kube, workdir, webhook_port)
+    rendered = (installer or install)(cp, kube, workdir, webhook_port)
     webhook_kc = identity(cp, kube, rendered, "gpu-tailor-webhook", workdir)
     scheduler_kc = identity(cp, kube, rendered, "gpu-tailor-scheduler", workdir)
     wh_argv = webhook_argv(rendered, webhook_port, webhook_kc)

@@ -29,3 +29,19 @@ tolerations:
 {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* A webhook entry's clientConfig for PATH: the webhook's Service, or webhook.url + PATH (a webhook run outside
+the cluster, as the end-to-end tests run it beside a control plane without kubelets) */}}
+{{- define "gpu-tailor.clientConfig" -}}
+{{- $root := index . 0 -}}
+{{- $path := index . 1 -}}
+{{- if $root.Values.webhook.url -}}
+url: {{ printf "%s%s" (trimSuffix "/" $root.Values.webhook.url) $path }}
+{{- else -}}
+service:
+  name: gpu-tailor-webhook
+  namespace: {{ $root.Release.Namespace }}
+  path: {{ $path }}
+  port: 443
+{{- end -}}
+{{- end -}}
