@@ -11,10 +11,9 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from tests.e2e.cluster import ControlPlane, Release, find_releases, release_params
-from tests.e2e.kube import Kube, load_kubeconfig
+from tests.e2e.cluster import Release, find_releases, release_params
 from tests.e2e.pods import Pods
-from tests.e2e.services import Stack, start_stack
+from tests.e2e.services import Stack, control_plane_with_gpu_tailor
 
 PARAMS, IDS = release_params()
 
@@ -30,22 +29,8 @@ def release(request: pytest.FixtureRequest) -> Release:
 
 @pytest.fixture(scope="session")
 def stack(release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    workdir = tmp_path_factory.mktemp(f"e2e-{release.version}")
-    cp = ControlPlane(release, workdir / "k8s")
-    try:
-        cp.up()
-        kube = Kube(load_kubeconfig(cp.kubeconfig), workdir / "admin")
-        try:
-            stack = start_stack(cp, kube, workdir)
-        except Exception as exc:
-            exc.add_note(f"logs: control plane {cp.logs}, gpu-tailor {workdir / 'logs'}")
-            raise
-        try:
-            yield stack
-        finally:
-            stack.stop()
-    finally:
-        cp.down()
+    with control_plane_with_gpu_tailor(release, tmp_path_factory.mktemp(f"e2e-{release.version}")) as running:
+        yield running
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -28,6 +29,7 @@ from tests.e2e.cluster import (
     PLAIN,
     REPO,
     ControlPlane,
+    Release,
     Rendered,
     create_namespace,
     fixture_nodes,
@@ -37,7 +39,7 @@ from tests.e2e.cluster import (
     service_account_kubeconfig,
     write_overlay,
 )
-from tests.e2e.kube import ApiError, Kube, Obj, api_path, wait_for
+from tests.e2e.kube import ApiError, Kube, Obj, api_path, load_kubeconfig, wait_for
 
 GPU_TAILOR = [sys.executable, "-m", "gpu_tailor"]
 SCHEDULER_NAME = "gpu-tailor-scheduler"
@@ -321,3 +323,25 @@ def event_sources(kube: Kube, pod: Obj, reason: str) -> list[str]:
 
 def failed_scheduling(kube: Kube, pod: Obj) -> list[str]:
     return [e for e in pod_events(kube, pod) if e.startswith("FailedScheduling: ")]
+
+
+@contextmanager
+def control_plane_with_gpu_tailor(release: Release, workdir: Path,
+                                  installer: Installer | None = None) -> Iterator[Stack]:
+    """A control plane of ``release`` in ``workdir`` with gpu-tailor installed by ``installer`` and running; both
+    stopped on leaving."""
+    cp = ControlPlane(release, workdir / "k8s")
+    try:
+        cp.up()
+        kube = Kube(load_kubeconfig(cp.kubeconfig), workdir / "admin")
+        try:
+            stack = start_stack(cp, kube, workdir, installer)
+        except Exception as exc:
+            exc.add_note(f"logs: control plane {cp.logs}, gpu-tailor {workdir / 'logs'}")
+            raise
+        try:
+            yield stack
+        finally:
+            stack.stop()
+    finally:
+        cp.down()

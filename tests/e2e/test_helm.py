@@ -29,9 +29,9 @@ from tests.e2e.cluster import (
     fixture_nodes,
     install_node,
 )
-from tests.e2e.kube import ApiError, Kube, Obj, api_path, load_kubeconfig, wait_for
+from tests.e2e.kube import ApiError, Kube, Obj, api_path, wait_for
 from tests.e2e.pods import Pods, pod_from_review
-from tests.e2e.services import SCHEDULER_NAME, Stack, start_stack
+from tests.e2e.services import SCHEDULER_NAME, Stack, control_plane_with_gpu_tailor
 
 pytestmark = pytest.mark.e2e
 
@@ -61,17 +61,8 @@ def helm_install(cp: ControlPlane, kube: Kube, workdir: Path, webhook_port: int)
 def helm_stack(release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     helm()  # skips, saying why, where scripts/k8s-tools.py could not fetch it
     workdir = tmp_path_factory.mktemp(f"e2e-helm-{release.version}")
-    cp = ControlPlane(release, workdir / "k8s")
-    try:
-        cp.up()
-        kube = Kube(load_kubeconfig(cp.kubeconfig), workdir / "admin")
-        stack = start_stack(cp, kube, workdir, installer=helm_install)
-        try:
-            yield stack
-        finally:
-            stack.stop()
-    finally:
-        cp.down()
+    with control_plane_with_gpu_tailor(release, workdir, installer=helm_install) as running:
+        yield running
 
 
 def webhook_configuration(stack: Stack) -> Obj | None:
