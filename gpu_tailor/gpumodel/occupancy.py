@@ -116,6 +116,11 @@ class NodeGpus:
         """Whether which GPU is which can be promised: every GPU is sold, or the agent said which are not."""
         return self.unhealthy is not None or self.usable == len(self.slots)
 
+    @property
+    def promised_topology(self) -> GpuTopology:
+        """The links placements may count on: none where which GPUs are sold is not known (``per_gpu_known``)."""
+        return self.topology if self.per_gpu_known else pcie(len(self.slots))
+
     def usable_slots(self) -> list[GpuSlot]:
         if self.unhealthy is None:
             return self.slots[: self.usable]
@@ -196,7 +201,7 @@ class NodeGpus:
     # --- what the device plugin would hand out -------------------------------------------------
     def predict_whole(self, k: int) -> tuple[int, ...] | None:
         """The k GPUs the best-effort allocator would pick among the free ones."""
-        return self.topology.best_set(self.free_whole(), k)
+        return self.promised_topology.best_set(self.free_whole(), k)
 
     def predict_share(self, milli: int, memory_mib: int = 0) -> int | None:
         """The GPU one replica of ``milli`` would get (the lowest index among the GPUs the plugin may pick)."""

@@ -20,7 +20,7 @@ from gpu_tailor.gpumodel.fleet import PICK_ANY, PICK_LEAST_FREE, PICK_MOST_FREE,
 from gpu_tailor.gpumodel.inventory import BackingKind, HealthState, NodeInventory, Offering, UnitsRefusal
 from gpu_tailor.gpumodel.occupancy import FULL, NodeGpus, Placement, ReplicaPolicy, parse_gpu_annotation
 from gpu_tailor.gpumodel.quantity import parse_quantity
-from gpu_tailor.gpumodel.topology import GpuTopology, infer, pcie
+from gpu_tailor.gpumodel.topology import GpuTopology, infer
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +143,7 @@ def fleet_row(node: NodeState) -> FleetRow:
                                       for o in inv.offerings)
     pick = _PICKS[gpus.policy] if shared else PICK_ANY
     # a degraded node whose unsold GPUs are not known promises no NVLink set: its links are not scored
-    topology = gpus.topology if gpus.per_gpu_known else pcie(len(gpus.slots))
+    topology = gpus.promised_topology
     return FleetRow(inv.cpu_milli - node.cpu_used, inv.memory_bytes // 2**20 - node.mem_used_mib, free, inv.model,
                     topology, inv.cpu_milli, pick, FULL // inv.replicas if shared else 0)
 
