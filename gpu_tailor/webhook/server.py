@@ -131,22 +131,37 @@ def answer(body: bytes, view: ClusterView) -> Answer:
     A body that is not an AdmissionReview v1 is a 400 with the reason; anything else is an
     AdmissionReview answer (a pod that cannot be read is a denial with code 400 inside it).
     """
-    # orjson, then the envelope validated on the parsed dict: the Pod stays the parsed dict (``object``
-    # is Any), and decide reads that dict itself rather than a model_dump copy of it
+    parsed = parse_review(body)
+    if isinstance(parsed, Answer):
+        return parsed
+    raw, review = parsed
+    decision = decide(raw["request"], view.candidates(), view.policy, view.dra, view.nodes_taking_pods())
+    if decision.allowed and decision.backing not in ("none", "reinvocation") and (age := view.stale()) is not None:
+        decision = replace(decision, warnings=(*decision.warnings, stale_warning(age)))
+    return Answer(200, orjson.dumps(response(review.request.uid, decision)), decision, review.request.uid,
+                  str(raw["request"].get("namespace") or ""), review.request.dryRun)
+
+
+def parse_review(body: bytes) -> tuple[dict[str, Any], AdmissionReview] | Answer:
+    """The review as parsed and validated, or the 400 a body that is not an AdmissionReview v1 gets.
+
+    orjson, then the envelope validated on the parsed dict: the object stays the parsed dict (``object`` is Any),
+    and the handlers read that dict itself rather than a model_dump copy of it."""
     try:
         raw = orjson.loads(body)
-        review = AdmissionReview.model_validate(raw)
+        return raw, AdmissionReview.model_validate(raw)
     except orjson.JSONDecodeError as exc:
         return _bad_request(f"body: invalid JSON: {exc}")
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         return _bad_request(f"{where}: {first['msg']}")
-    decision = decide(raw["request"], view.candidates(), view.policy, view.dra, view.nodes_taking_pods())
-    if decision.allowed and decision.backing not in ("none", "reinvocation") and (age := view.stale()) is not None:
-        decision = replace(decision, warnings=(*decision.warnings, stale_warning(age)))
-    return Answer(200, orjson.dumps(response(review.request.uid, decision)), decision, review.request.uid,
-                  str(raw["request"].get("namespace") or ""), review.request.dryRun)
+
+
+def _counted(app: web.Application, decision: Decision, started: float) -> None:
+    metrics = app[METRICS]
+    metrics.reviews.labels(decision.outcome, decision.backing).inc()
+    metrics.latency.observe(time.perf_counter() - started)
 
 
 def stale_warning(age: float) -> str:
@@ -165,10 +180,8 @@ async def mutate(request: web.Request) -> web.Response:
                               message=f"pod cannot get its GPU ask: {why}")
             out = replace(out, body=orjson.dumps(response(out.uid, denied)), decision=denied)
     if out.decision is not None:
-        metrics = request.app[METRICS]
-        metrics.reviews.labels(out.decision.outcome, out.decision.backing).inc()
-        metrics.latency.observe(time.perf_counter() - started)
-    return web.Response(body=out.body, status=out.status, content_type="application/json")
+        _counted(request.app, out.decision, started)
+    return _respond(out)
 
 
 @dataclass
@@ -185,20 +198,14 @@ REPORTS = web.AppKey("reports", ReportCheck)
 async def review_report(request: web.Request) -> web.Response:
     """``/reports``: an agent writes its own node's NodeGPUReport only (``webhook.reports``)."""
     started = time.perf_counter()
-    try:
-        raw = orjson.loads(await request.read())
-        review = AdmissionReview.model_validate(raw)
-    except orjson.JSONDecodeError as exc:
-        return _respond(_bad_request(f"body: invalid JSON: {exc}"))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        return _respond(_bad_request(f"{'.'.join(str(p) for p in first['loc']) or 'body'}: {first['msg']}"))
+    parsed = parse_review(await request.read())
+    if isinstance(parsed, Answer):
+        return _respond(parsed)
+    raw, review = parsed
     setup = request.app[REPORTS]
     decision = await check_report(raw["request"], setup.namespace, setup.pods)
-    metrics = request.app[METRICS]
-    metrics.reviews.labels(decision.outcome, decision.backing).inc()
-    metrics.latency.observe(time.perf_counter() - started)
-    return web.Response(body=orjson.dumps(response(review.request.uid, decision)), content_type="application/json")
+    _counted(request.app, decision, started)
+    return _respond(Answer(200, orjson.dumps(response(review.request.uid, decision)), decision))
 
 
 def _respond(out: Answer) -> web.Response:
