@@ -42,7 +42,6 @@ the agent last looked), the prediction stands.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import math
 import time
@@ -72,7 +71,7 @@ from gpu_tailor.gpumodel.fleet import Fleet, Shape
 from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, from_node
 from gpu_tailor.gpumodel.occupancy import Placement
 from gpu_tailor.gpumodel.policies import TailorPolicy
-from gpu_tailor.gpumodel.report import NodeReport
+from gpu_tailor.gpumodel.report import NodeReport, parse_time
 from gpu_tailor.gpumodel.report import parse as parse_report
 from gpu_tailor.gpumodel.schedule import Demand, NodeState, fleet_row, node_state, pod_key, shape_of
 from gpu_tailor.gpumodel.topology import from_peers
@@ -122,7 +121,6 @@ class Cache:
         self._held: dict[str, dict[str, tuple[int, ...]]] = {}  # node -> pod -> reported GPUs (``pod_gpus``)
         self.contradictions = 0  # pods whose reported GPUs the prediction did not allow
         self._contradicted: dict[str, tuple[str, tuple[int, ...]]] = {}  # pod -> (uid, GPUs) counted already
-        self._observed: dict[str, float] = {}  # node -> its report's observedAt (seconds since the epoch)
         self._reports_checked = -math.inf  # self.clock() when stale reports were last looked for
 
     @property
@@ -298,19 +296,16 @@ class Cache:
         name = str((obj.get("metadata") or {}).get("name", ""))
         if event == "DELETED":
             self._held.pop(name, None)
-            self._observed.pop(name, None)
             if self.reports.pop(name, None) is None:
                 return
         else:
             report = parse_report(obj)
             if report.problems:
                 log.warning("NodeGPUReport %s: %s", name, "; ".join(report.problems))
-            observed = _epoch(report.observed_at)
-            if observed is not None:
-                self._observed[name] = observed
-            if self.reports.get(name) == report:  # renewed, nothing else changed (observedAt is not compared)
+            same = self.reports.get(name) == report  # observedAt is not compared
+            self.reports[name] = report  # renewed: its observedAt is the one ``expire_reports`` reads
+            if same:
                 return
-            self.reports[name] = report
             self._held[name] = report.pod_gpus()
         ns = self.nodes.get(name)
         if ns is not None:
@@ -321,11 +316,13 @@ class Cache:
         few minutes even when nothing changed): their nodes go back to predictions. Looked at every
         ``REPORT_CHECK`` seconds at most."""
         now = self.clock()
-        if self.report_stale is None or now - self._reports_checked < REPORT_CHECK or not self._observed:
+        if self.report_stale is None or now - self._reports_checked < REPORT_CHECK or not self.reports:
             return
         self._reports_checked = now
         wall = self.wall()
-        for name, observed in list(self._observed.items()):
+        for name, report in list(self.reports.items()):
+            when = parse_time(report.observed_at)
+            observed = when.timestamp() if when is not None else wall  # no time: nothing to go stale by
             if wall - observed > self.report_stale:
                 log.warning("the report of node %s is %.0f min old: its agent is gone or cannot write; its GPUs are "
                             "predicted again", name, (wall - observed) / 60)
@@ -495,15 +492,6 @@ class Cache:
         ns.cpu_used -= rec.demand.cpu_milli
         ns.mem_used_mib -= rec.demand.memory_mib
         self._touch(rec.node)
-
-
-def _epoch(stamp: str) -> float | None:
-    """An RFC 3339 time (``2026-11-26T12:00:00Z``) in seconds since the epoch; None when unreadable."""
-    try:
-        when = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return (when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)).timestamp()
 
 
 class NodeRelist:

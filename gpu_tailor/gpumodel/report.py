@@ -21,6 +21,7 @@ raises on a malformed object (a hand-edited one, or another version's): it says 
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,16 @@ class NodeReport:
 
     def object(self) -> dict[str, Any]:
         return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": self.node}, "spec": self.spec()}
+
+
+def parse_time(raw: object) -> dt.datetime | None:
+    """A time as the API writes one (RFC 3339, ``2026-11-26T12:00:00Z``: ``observedAt``, ``creationTimestamp``),
+    in UTC where it names no zone; None when absent or unreadable."""
+    try:
+        when = dt.datetime.fromisoformat(str(raw).replace("Z", "+00:00")) if raw else None
+    except ValueError:
+        return None
+    return when.replace(tzinfo=dt.UTC) if when is not None and when.tzinfo is None else when
 
 
 def _ints(raw: Any, where: str, problems: list[str]) -> tuple[int, ...]:

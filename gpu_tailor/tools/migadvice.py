@@ -22,6 +22,7 @@ from typing import Any
 from gpu_tailor.extender.snapshot import NodeInfo
 from gpu_tailor.gpumodel import labels, mig
 from gpu_tailor.gpumodel.devices.base import BackingKind, HealthState
+from gpu_tailor.gpumodel.report import parse_time
 from gpu_tailor.gpumodel.resources import ResourceKind, parse_resource
 from gpu_tailor.gpumodel.schedule import demand_of
 
@@ -73,12 +74,7 @@ def _mig_profile(resource: str) -> str | None:
 
 
 def _created(pod: dict[str, Any]) -> dt.datetime | None:
-    raw = (pod.get("metadata") or {}).get("creationTimestamp")
-    try:
-        when = dt.datetime.fromisoformat(str(raw).replace("Z", "+00:00")) if raw else None
-    except ValueError:
-        return None
-    return when.replace(tzinfo=dt.UTC) if when is not None and when.tzinfo is None else when
+    return parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
 
 
 def recent_demand(pods: list[dict[str, Any]], hours: float) -> Counter[str]:
