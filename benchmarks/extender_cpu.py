@@ -62,7 +62,8 @@ class Binder:
     def __init__(self) -> None:
         self.gpus: dict[str, str | None] = {}
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None) -> None:
+    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None,
+                   among: str | None = None) -> None:
         self.gpus[name] = gpus
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -446,7 +446,7 @@ class Cache:
             reported = self._reported(rec)
             if placement is None or refit or (reported is not None and holds(placement) != reported):
                 known = placement is not None and not placement.unplaced and not placement.counted
-                placement = where(ns, d, holds(placement) if known else rec.recorded)
+                placement = where(ns, d, holds(placement)) if known else where(ns, d, rec.recorded, rec.among)
                 old = rec.placement
                 if old is not None and placement is not None and holds(placement) == holds(old):
                     # the same GPUs again: still the prediction they were (the set they were picked among)

@@ -42,6 +42,7 @@ class PodRecord:
     recorded: tuple[int, ...] | None = None
     deadline: float | None = None
     version: str = ""  # the pod's resourceVersion as read: the same again is the same pod, nothing to redo
+    among: tuple[int, ...] | None = None  # its ``gpu-tailor.io/gpus-among`` annotation, with ``recorded``
 
     @property
     def key(self) -> str:
@@ -70,16 +71,20 @@ def pod_record(pod: dict[str, Any], demand: Demand | None = None) -> PodRecord:
     when the caller has read it already."""
     node = sys.intern(str((pod.get("spec") or {}).get("nodeName") or "")) if _active(pod) else ""  # one per node
     meta = pod.get("metadata") or {}
-    raw = (meta.get("annotations") or {}).get(labels.ANN_GPUS)
+    annotations = meta.get("annotations") or {}
+    raw = annotations.get(labels.ANN_GPUS)
     recorded = parse_gpu_annotation(str(raw)) if raw is not None else None
+    among = annotations.get(labels.ANN_GPUS_AMONG) if recorded is not None else None
     return PodRecord(str(meta.get("uid", "")), node, demand or demand_of(pod), recorded=recorded,
-                     version=str(meta.get("resourceVersion") or ""))
+                     version=str(meta.get("resourceVersion") or ""),
+                     among=parse_gpu_annotation(str(among)) if among is not None else None)
 
 
 def pod_version(pod: dict[str, Any]) -> str:
     return str((pod.get("metadata") or {}).get("resourceVersion") or "")
 
 
+BIND_RECORD = frozenset({labels.ANN_GPUS, labels.ANN_GPUS_AMONG})  # what bind writes: not part of the ask
 ASK = "@ask"  # in a projected pod: the bytes that identify what it asks for (see ``PodProjector``)
 KNOWN = "@known"  # in a projected pod: only its metadata, as the cache held it at that version
 
@@ -152,7 +157,7 @@ class PodProjector:
                 chunks.append(raw_json(raw))
         chunks.append(raw_json(spec.get("overhead")))
         if annotations:
-            chunks.append(orjson.dumps({k: v for k, v in annotations.items() if k != labels.ANN_GPUS}))
+            chunks.append(orjson.dumps({k: v for k, v in annotations.items() if k not in BIND_RECORD}))
         return b"\0".join(chunks)
 
 
@@ -175,7 +180,7 @@ class Demands:
                 return demand_of(pod)
             annotations = meta.get("annotations")
             if isinstance(annotations, dict) and labels.ANN_GPUS in annotations:  # bind's record, not the ask
-                annotations = {k: v for k, v in annotations.items() if k != labels.ANN_GPUS}
+                annotations = {k: v for k, v in annotations.items() if k not in BIND_RECORD}
             try:
                 ask = orjson.dumps((annotations, spec.get("containers"), spec.get("initContainers"),
                                     spec.get("overhead")))
@@ -207,9 +212,13 @@ def holds(placement: Placement | None) -> tuple[int, ...] | None:
     return tuple(sorted(placement.gpus)) if placement is not None else None
 
 
-def where(ns: NodeState, demand: Demand, gpus: tuple[int, ...] | None) -> Placement | None:
-    """The placement on ``ns`` for these GPUs (kept or annotated), or predicted when there are none."""
+def where(ns: NodeState, demand: Demand, gpus: tuple[int, ...] | None,
+          among: tuple[int, ...] | None = None) -> Placement | None:
+    """The placement on ``ns`` for these GPUs (kept or annotated, with the GPUs they were picked among), or
+    predicted when there are none."""
     annotations = {labels.ANN_GPUS: format_gpu_annotation(gpus)} if gpus else {}
+    if gpus and among:
+        annotations[labels.ANN_GPUS_AMONG] = format_gpu_annotation(among)
     return recorded_placement({"metadata": {"annotations": annotations}}, ns, demand)
 
 

@@ -50,7 +50,8 @@ API_TIMEOUT = aiohttp.ClientTimeout(total=20, sock_connect=5)
 class Binder(Protocol):
     """The API side of bind; both raise when the API server cannot be asked or refuses."""
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None) -> None: ...
+    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None,
+                   among: str | None = None) -> None: ...
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The pod as the API has it now, None when it is gone."""
@@ -222,7 +223,7 @@ async def _bind(request: web.Request, body: Any) -> Any:
         return {"Error": plan.error}
     cache.assume(rec, args.node, plan.placement)  # the very next filter sees it
     try:
-        await binder.bind(args.namespace, args.name, args.uid, args.node, plan.gpus)
+        await binder.bind(args.namespace, args.name, args.uid, args.node, plan.gpus, plan.among)
     except Exception as exc:
         return await _after_failed_binding(cache, binder, args, rec, f"{failed}: {exc}")
     cache.finish_binding(rec.key, rec.uid)  # from now on, the watch has ``ttl`` seconds to show it
@@ -365,7 +366,8 @@ class ApiBinder:
 
         self.core = client.CoreV1Api(api)
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None) -> None:
+    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None,
+                   among: str | None = None) -> None:
         # a plain dict, as the API takes it: the client's V1Binding models cost more to build and
         # serialise than the call itself, on every pod
         meta: dict[str, Any] = {"name": name, "namespace": namespace}
@@ -373,6 +375,8 @@ class ApiBinder:
             meta["uid"] = uid
         if gpus is not None:
             meta["annotations"] = {labels.ANN_GPUS: gpus}
+            if among is not None:
+                meta["annotations"][labels.ANN_GPUS_AMONG] = among
         binding: Any = {"metadata": meta, "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         # The API server answers a Binding with a Status, which the client cannot read as a V1Binding, so
         # the answer is taken raw -- and a raw answer never raises: its status is checked here.

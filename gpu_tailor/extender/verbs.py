@@ -421,6 +421,13 @@ class BindPlan:
         known = p.gpus if p is not None and not p.counted else ()
         return format_gpu_annotation(known) if known else None
 
+    @property
+    def among(self) -> str | None:
+        """The ``gpu-tailor.io/gpus-among`` annotation to write beside ``gpus``: every GPU the device plugin may
+        pick among, where it may pick other GPUs than ``gpus`` names; else None."""
+        p = self.placement
+        return format_gpu_annotation(p.maybe) if p is not None and p.maybe and self.gpus is not None else None
+
 
 def plan_bind(snap: Snapshot, rec: PodRecord, node: str) -> BindPlan:
     """The GPUs the pod gets on ``node``: what the device plugin would hand it, on the node as it is now."""

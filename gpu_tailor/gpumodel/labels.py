@@ -51,6 +51,9 @@ ANN_TOPOLOGY = "gpu-tailor.io/topology"
 ANN_ASK = "gpu-tailor.io/ask"
 ANN_BACKING = "gpu-tailor.io/backing"
 ANN_GPUS = "gpu-tailor.io/gpus"
+# where the device plugin may hand out other GPUs than ANN_GPUS names (GPUs, or replicas' GPUs, that rank alike):
+# every GPU it may pick among; absent where the pick is known
+ANN_GPUS_AMONG = "gpu-tailor.io/gpus-among"
 
 NAMESPACE_OPT_IN_LABEL = "gpu-tailor.io/enabled"
 POD_OPT_OUT_LABEL = "gpu-tailor.io/skip"

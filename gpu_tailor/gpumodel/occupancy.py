@@ -110,6 +110,7 @@ class NodeGpus:
         self.unhealthy: frozenset[int] | None = None
         self.policy = policy  # how the device plugin hands out replicas here
         self.placements: dict[str, Placement] = {}
+        self._unsure_pods: set[str] = set()  # the placements with a ``maybe``
 
     @property
     def per_gpu_known(self) -> bool:
@@ -151,12 +152,14 @@ class NodeGpus:
         other.topology, other.usable, other.policy = self.topology, self.usable, self.policy
         other.unhealthy, other._sold = self.unhealthy, self._sold
         other.placements = dict(self.placements)
+        other._unsure_pods = set(self._unsure_pods)
         return other
 
     # --- the single writer's operations --------------------------------------------------------
     def clear(self) -> None:
         """Forget every placement (before a relist re-places the pods)."""
         self.placements.clear()
+        self._unsure_pods.clear()
         self.slots = [GpuSlot(s.index, s.memory_mib) for s in self.slots]
 
     def place(self, pod: str, placement: Placement) -> None:
@@ -164,6 +167,8 @@ class NodeGpus:
         if pod in self.placements:
             self.release(pod)
         self.placements[pod] = placement
+        if placement.maybe:
+            self._unsure_pods.add(pod)
         for g in placement.gpus:
             if not 0 <= g < len(self.slots):
                 continue  # a recorded GPU this node no longer reports: keep the pod, skip the slot
@@ -182,6 +187,7 @@ class NodeGpus:
         placement = self.placements.pop(pod, None)
         if placement is None:
             return None
+        self._unsure_pods.discard(pod)
         for g in placement.gpus:
             if not 0 <= g < len(self.slots):
                 continue
@@ -199,9 +205,36 @@ class NodeGpus:
         return placement
 
     # --- what the device plugin would hand out -------------------------------------------------
+    def unsure(self) -> frozenset[int]:
+        """The GPUs an earlier prediction among equals may have handed out instead of the ones it wrote down
+        (the union of the placements' ``maybe``): which of them is free is not known until a node agent says."""
+        out: set[int] = set()
+        for pod in self._unsure_pods:
+            out.update(self.placements[pod].maybe)
+        return frozenset(out)
+
+    def surely_free(self) -> list[int]:
+        """The idle GPUs that no earlier prediction among equals may have handed out: the ones this picture can
+        name as free (``free_whole`` counts right, but which GPUs those are is unsure where ``unsure`` is not
+        empty)."""
+        unsure = self.unsure()
+        return [g for g in self.free_whole() if g not in unsure]
+
     def predict_whole(self, k: int) -> tuple[int, ...] | None:
         """The k GPUs the best-effort allocator would pick among the free ones."""
-        return self.promised_topology.best_set(self.free_whole(), k)
+        found = self.predict_whole_among(k)
+        return found[0] if found is not None else None
+
+    def predict_whole_among(self, k: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """The k GPUs the best-effort allocator would pick among the free ones and, where it may pick others,
+        every GPU it may hand out (else empty): the GPUs of the free sets that score as well, and the GPUs an
+        earlier prediction among equals left unsure (the free ones may be other than those written down)."""
+        found = self.promised_topology.best_sets(self.free_whole(), k)
+        if found is None:
+            return None
+        best, alike = found
+        maybe = set(alike) | self.unsure() | set(best)
+        return best, (tuple(sorted(maybe)) if len(maybe) > len(best) else ())
 
     def predict_share(self, milli: int, memory_mib: int = 0) -> int | None:
         """The GPU one replica of ``milli`` would get (the lowest index among the GPUs the plugin may pick)."""
@@ -247,8 +280,16 @@ class NodeGpus:
             fits[g] += 1
             room[g] -= 1
             mine[g] = mine.get(g, 0) + 1
-        if maybe:
+        unsure = self.unsure()
+        tied = bool(maybe)
+        if out and (maybe or unsure):
+            # an earlier pick among equals may have gone elsewhere: the counts this one ranks by are then
+            # off on those GPUs, and it may go to any of them
             maybe.update(out)
+            usable = {s.index for s in self.usable_slots() if not s.mig}
+            maybe.update(g for g in unsure if g in usable)
+        if not tied and maybe <= set(out):
+            maybe = set()
         return tuple(out), tuple(sorted(maybe))
 
 

@@ -228,5 +228,11 @@ def recorded_placement(pod: dict[str, Any], node: NodeState, demand: Demand) -> 
     recorded = parse_gpu_annotation(str(annotations.get(labels.ANN_GPUS, "")))
     used = node.units_used.get(demand.resource, 0)
     if offering is None:  # bound where its resource is not sold (before we knew?): counted as whole GPUs
-        return devices.WHOLE.recorded(offering, node.gpus, used, demand.units, recorded)
-    return devices.device_for(offering).recorded(offering, node.gpus, used, demand.units, recorded)
+        placement = devices.WHOLE.recorded(offering, node.gpus, used, demand.units, recorded)
+    else:
+        placement = devices.device_for(offering).recorded(offering, node.gpus, used, demand.units, recorded)
+    among = parse_gpu_annotation(str(annotations.get(labels.ANN_GPUS_AMONG, ""))) if recorded is not None else None
+    if among is not None and set(placement.gpus) <= set(among) and not placement.counted:
+        # bind wrote down one pick of several the device plugin may make, and the set: both come back
+        return replace(placement, maybe=among, read_back=False)
+    return placement

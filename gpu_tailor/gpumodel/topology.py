@@ -64,21 +64,43 @@ class GpuTopology:
 
     def best_set(self, free: Sequence[int], k: int) -> tuple[int, ...] | None:
         """The free set of ``k`` GPUs with the highest set score (lowest indices on ties)."""
+        found = self.best_sets(free, k)
+        return found[0] if found is not None else None
+
+    def best_sets(self, free: Sequence[int], k: int) -> tuple[tuple[int, ...], frozenset[int]] | None:
+        """``best_set`` and every GPU of a free set that scores as well: the device plugin's allocator takes
+        the first of the sets that tie in the order the kubelet lists the free GPUs, and the kubelet lists them
+        in no fixed order (a Go map's), so any of them may be handed out."""
         pool = sorted(free)
         if k <= 0:
-            return ()
+            return (), frozenset()
         if k > len(pool):
             return None
-        if k == 1 or k == len(pool):
-            return tuple(pool[:k])
+        if k == len(pool):
+            return tuple(pool), frozenset(pool)
+        if k == 1 or self._alike(pool):
+            return tuple(pool[:k]), frozenset(pool)
         if comb(len(pool), k) <= EXHAUSTIVE_LIMIT:
-            best: tuple[int, ...] | None = None
+            best: tuple[int, ...] = ()
             best_score = -1
+            alike: set[int] = set()
             for cand in combinations(pool, k):
                 sc = self.set_score(cand)
                 if sc > best_score:
-                    best, best_score = cand, sc
-            return best
+                    best, best_score, alike = cand, sc, set(cand)
+                elif sc == best_score:
+                    alike.update(cand)
+            return best, frozenset(alike)
+        chosen = self._greedy(pool, k)
+        return chosen, frozenset(chosen)
+
+    def _alike(self, pool: Sequence[int]) -> bool:
+        """Every pair of ``pool`` linked alike (an NVSwitch board, one PCIe switch): every set scores the same."""
+        s = self.scores
+        pairs = {s[a][b] for a, b in combinations(pool, 2)}
+        return len(pairs) <= 1
+
+    def _greedy(self, pool: list[int], k: int) -> tuple[int, ...]:
         chosen = [pool[0]]  # greedy: grow from the best-connected pair
         rest = [g for g in pool if g != pool[0]]
         while len(chosen) < k:

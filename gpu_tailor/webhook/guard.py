@@ -24,7 +24,8 @@ from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import PodAsk, from_canonical
 from gpu_tailor.gpumodel.devices.dra import TEMPLATE_PREFIX
 
-OUTPUT_ANNOTATIONS = (labels.ANN_ASK, labels.ANN_BACKING, labels.ANN_GPUS)
+OUTPUT_ANNOTATIONS = (labels.ANN_ASK, labels.ANN_BACKING, labels.ANN_GPUS, labels.ANN_GPUS_AMONG)
+BIND_ANNOTATIONS = (labels.ANN_GPUS, labels.ANN_GPUS_AMONG)  # bind's record: never the pod's own
 # the extender's ServiceAccount (manifests/scheduler/rbac.yaml), the one writer besides the webhook
 ANNOTATION_WRITERS = frozenset({"system:serviceaccount:gpu-tailor:gpu-tailor-scheduler"})
 _PREFIX = labels.TAILOR_DOMAIN + "/"
@@ -40,7 +41,7 @@ def on_create(annotations: dict[str, Any], ask: PodAsk, pod: dict[str, Any] | No
     present = [k for k in OUTPUT_ANNOTATIONS if k in annotations]
     if not present:
         return Owned()
-    drop = [labels.ANN_GPUS] if labels.ANN_GPUS in annotations else []
+    drop = [k for k in BIND_ANNOTATIONS if k in annotations]
     if ask.virtual:  # rewritten now, and the webhook writes ask and backing afresh
         return Owned(tuple(drop))
     if _rewritten_by_us(annotations, ask) or _claimed_by_us(annotations, ask, pod or {}):
@@ -111,5 +112,5 @@ def changed(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def why_removed(key: str) -> str:
-    writer = "gpu-tailor's scheduler when it binds the pod" if key == labels.ANN_GPUS else "the gpu-tailor webhook"
+    writer = "gpu-tailor's scheduler when it binds the pod" if key in BIND_ANNOTATIONS else "the gpu-tailor webhook"
     return f"annotation {key} removed: only {writer} writes it"

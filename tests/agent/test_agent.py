@@ -126,26 +126,27 @@ async def test_what_the_node_did_wins_over_the_prediction(socket_dir: Path) -> N
 
 
 async def test_the_contradictions_of_a_prediction_are_counted_once(socket_dir: Path) -> None:
-    """Three one-replica pods this extender predicted on an idle time-sliced node (GPU 0 of any, then 1 of 1-3,
-    then 2 of 2-3, under the default policy); the node's device plugin in fact packs them: 0, 0 and 1. The second
-    and third are contradictions, the first a pick within its set."""
+    """Beside the three pods bind recorded on GPUs 0, 0 and 1, two one-replica pods bound without a record: this
+    extender predicts the first on GPU 2 or 3 (they hold none), and the second on GPU 3 or, should the first have
+    gone to 3, GPU 2 (a pick among equals leaves the next pick unsure too). The node's device plugin in fact put
+    them on GPUs 0 and 1 (it packs): both are contradictions."""
     t4 = pcie()
     cluster = the_cluster([])
-    cluster.pods[:] = [pod(n, {"nvidia.com/gpu": "1"}, node=T4) for n in ("r0", "r1", "r2")]
+    cluster.pods += [pod(n, {"nvidia.com/gpu": "1"}, node=T4) for n in ("r3", "r4")]
     cache = Cache()
     cache.reset_nodes(cluster.nodes)
     for p in cluster.pods:  # bound one after the other, as the watch shows them
         cache.apply_pod("ADDED", p)
-    assert [cache.pods[f"team-a/{n}"].placement.maybe for n in ("r0", "r1", "r2")] == [  # type: ignore[union-attr]
-        (0, 1, 2, 3), (1, 2, 3), (2, 3)]
+    assert [cache.pods[f"team-a/{n}"].placement.maybe for n in ("r3", "r4")] == [  # type: ignore[union-attr]
+        (2, 3), (2, 3)]
     kubelet = Kubelet([Held("team-a", n, "main", "nvidia.com/gpu", [replica(t4[g].uuid, k)])
-                       for n, g, k in (("r0", 0, 0), ("r1", 0, 1), ("r2", 1, 0))])
+                       for n, g, k in (("r0", 0, 0), ("r1", 0, 1), ("r2", 1, 0), ("r3", 0, 2), ("r4", 1, 1))])
     obj = await report_of(kubelet, FakeNvml(t4), T4, socket_dir)
     cache.apply_node("MODIFIED", copy.deepcopy(node_fixture(T4)) | {"metadata": {  # a node update re-places them
         **node_fixture(T4)["metadata"], "labels": {**node_fixture(T4)["metadata"]["labels"], "x": "y"}}})
     cache.apply_report("ADDED", obj)
     assert cache.contradictions == 2
-    assert [s.replicas_used for s in cache.snapshot().nodes[T4].state.gpus.slots] == [2, 1, 0, 0]
+    assert [s.replicas_used for s in cache.snapshot().nodes[T4].state.gpus.slots] == [3, 2, 0, 0]
     cache.apply_report("MODIFIED", obj)  # the same report again counts nothing twice
     registry = CollectorRegistry()
     registry.register(AgentMetrics(cache))

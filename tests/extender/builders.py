@@ -58,7 +58,8 @@ class RecordingBinder:
         self.pods = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
         self.reads: list[tuple[str, str]] = []
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None) -> None:
+    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None,
+                   among: str | None = None) -> None:
         self.calls.append((namespace, name, uid, node, gpus))
         if self.fail:
             raise RuntimeError("409 Conflict: pod already bound")

@@ -32,7 +32,8 @@ class LostAnswer:
         self.read = read
         self.reads = 0
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None) -> None:
+    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None,
+                   among: str | None = None) -> None:
         raise aiohttp.ServerDisconnectedError()
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -97,7 +98,8 @@ class Retry:
         self.first = first
         self.bound: list[str] = []
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None) -> None:
+    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None,
+                   among: str | None = None) -> None:
         self.bound.append(node)
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:

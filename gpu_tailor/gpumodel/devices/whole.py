@@ -65,24 +65,35 @@ class WholeGpus(Device):
             return Fit(False, f"{len(gpus.slots) - gpus.usable} GPUs are not sold and which ones is not known: no "
                        f"NVLink-connected set of {units} GPUs can be promised (a node agent's report would tell)")
         if nvlink and units > 1:
-            best = gpus.topology.best_set(free, units)
+            found = gpus.predict_whole_among(units)
+            best = found[0] if found is not None else None
             if best is None or not gpus.topology.all_nvlinked(best):
                 largest = gpus.topology.largest_nvlink_set(free)
                 if largest < units and gpus.topology.largest_nvlink_set([s.index for s in gpus.usable_slots()]) < units:
                     return Fit(False, f"no NVLink-connected set of {units} GPUs on this node", unresolvable=True)
                 return Fit(False, f"no NVLink-connected set of {units} free GPUs (largest: {largest})")
-            return Fit(True, placement=Placement(best))
+            assert found is not None
+            return Fit(True, placement=Placement(best, maybe=found[1]))
         if not place:
             return Fit(True)
-        return Fit(True, placement=Placement(gpus.predict_whole(units) or tuple(free[:units]),
-                                             counted=not gpus.per_gpu_known))
+        return Fit(True, placement=_predicted(gpus, units))
 
     def recorded(self, offering: Offering | None, gpus: NodeGpus, used: int, units: int,
                  annotation: tuple[int, ...] | None) -> Placement:
         if annotation is not None and len(annotation) == units:
             return Placement(annotation)
-        free = gpus.free_whole()
-        return Placement(gpus.predict_whole(units) or tuple(free[:units]), counted=not gpus.per_gpu_known)
+        return _predicted(gpus, units)
 
     def fleet_share(self, offering: Offering, units: int, nvlink: bool) -> tuple[int, int, bool]:
         return units, FULL, nvlink
+
+
+def _predicted(gpus: NodeGpus, units: int) -> Placement:
+    """What the device plugin would hand a pod of ``units`` whole GPUs: the set, where it may pick among several
+    (``Placement.maybe``); bookkeeping only where which GPUs are sold is not known."""
+    found = gpus.predict_whole_among(units)
+    if not gpus.per_gpu_known:
+        return Placement(found[0] if found is not None else tuple(gpus.free_whole()[:units]), counted=True)
+    if found is None:
+        return Placement(tuple(gpus.free_whole()[:units]))
+    return Placement(found[0], maybe=found[1])

@@ -1,0 +1,432 @@
+"""Real GPU nodes without GPUs: a kubelet of the control plane's release on containerd and runc, NVIDIA's device
+plugin and gpu-feature-discovery on NVIDIA's mock NVML, and gpu-tailor's node agent, registered with a test's
+control plane.
+
+What runs, and where it is looked up (a test that needs a piece that is absent skips, naming it):
+
+* ``kubelet``: beside the control plane's binaries (the release folder of ``cluster.find_releases``);
+* ``containerd``, ``runc``, ``ctr`` and the CNI ``loopback`` plugin: Debian's packages (``containerd``, ``runc``,
+  ``containernetworking-plugins``); ``busybox``, ``umoci``, ``skopeo`` for the images (``tests/e2e/images.py``);
+* NVIDIA's pieces: ``$GPU_TAILOR_NVIDIA`` (default ``${XDG_CACHE_HOME:-~/.cache}/gpu-tailor-nvidia``), holding
+  ``bin/nvidia-device-plugin``, ``bin/gpu-feature-discovery`` and ``bin/libnvidia-ml.so.1`` (the mock NVML),
+  and the mock's GPU profiles under ``profiles/``.
+
+Every node runs in a mount namespace of its own, because the device plugins' socket folder is fixed at
+``/var/lib/kubelet/device-plugins``: a private folder is bound over ``/var/lib/kubelet`` (and ``/var/log/pods``)
+there, so several kubelets run side by side. Each has its own cgroup root (``/gpu-tailor/NODE``; the kubelet
+removes pod cgroups it does not know under its own root), its own ports, and a containerd of its own.
+
+What mattered on this kind of machine: runc cannot lower ``oom_score_adj`` without ``CAP_SYS_RESOURCE``
+(containerd's ``restrict_oom_score_adj``); cgroup v1 with the ``cgroupfs`` driver, swap on (``failSwapOn:
+false``) and, from 1.35 on, ``failCgroupV1: false``; containerd's network is reported ready by a loopback-only
+CNI configuration, and every pod of a real node runs with host networking (nothing is routed to a pod).
+The node keeps the machine's address: nothing here calls a kubelet from the API server.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from tests.conftest import free_port
+from tests.e2e import images
+from tests.e2e.cluster import ControlPlane, Release
+from tests.e2e.kube import Kube, Obj, api_path, wait_for
+
+HOST_TOOLS = ("containerd", "ctr", "runc", "unshare", "nsenter")
+CNI_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
+NVIDIA_BINARIES = ("nvidia-device-plugin", "gpu-feature-discovery", "libnvidia-ml.so.1")
+
+
+def nvidia_home() -> Path:
+    env = os.environ.get("GPU_TAILOR_NVIDIA")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpu-tailor-nvidia"
+
+
+def cni_dir() -> Path | None:
+    return next((d for d in CNI_DIRS if (d / "loopback").is_file()), None)
+
+
+def missing(release: Release, nvidia: bool = True) -> list[str]:
+    """What a real node of ``release`` lacks on this machine, each with where it is looked for; empty when
+    everything is there."""
+    out = []
+    if os.geteuid() != 0:
+        out.append("root (a kubelet, containerd and mount namespaces need it)")
+    if not os.access(release.bin / "kubelet", os.X_OK):
+        out.append(f"kubelet in {release.bin}")
+    out += [f"{t} on PATH" for t in (*HOST_TOOLS, *images.TOOLS) if shutil.which(t) is None]
+    if cni_dir() is None:
+        out.append(f"the CNI loopback plugin in {' or '.join(map(str, CNI_DIRS))}")
+    if not Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").is_file():
+        out.append("a cgroup filesystem at /sys/fs/cgroup")
+    if nvidia:
+        home = nvidia_home()
+        out += [f"{b} in {home / 'bin'}" for b in NVIDIA_BINARIES if not (home / "bin" / b).exists()]
+    return out
+
+
+def _cgroup_v1_roots() -> list[Path]:
+    base = Path("/sys/fs/cgroup")
+    if (base / "cgroup.controllers").is_file():  # v2: one hierarchy
+        return [base]
+    return sorted(p for p in base.iterdir() if p.is_dir() and not p.is_symlink() and p.name != "unified")
+
+
+def node_certificate(cp: ControlPlane, node: str, out: Path) -> tuple[Path, Path]:
+    """A client certificate for ``system:node:NODE`` (group ``system:nodes``), signed by the control plane's CA:
+    the identity a kubelet gets from TLS bootstrapping."""
+    ca_cert = x509.load_pem_x509_certificate((cp.pki / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((cp.pki / "ca.key").read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+                         x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}")])
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(ca_cert.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+    crt, pem = out / "kubelet-client.crt", out / "kubelet-client.key"
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                      serialization.NoEncryption()))
+    return crt, pem
+
+
+def grant_nodes(kube: Kube) -> None:
+    """The control plane authorizes by RBAC alone (no Node authorizer): bind the ``system:node`` role to the
+    ``system:nodes`` group, as clusters without the Node authorizer do."""
+    if kube.exists(api_path("clusterrolebindings", name="gpu-tailor-e2e-nodes", group="rbac.authorization.k8s.io/v1")):
+        return
+    kube.create(api_path("clusterrolebindings", group="rbac.authorization.k8s.io/v1"), {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "gpu-tailor-e2e-nodes"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}]})
+
+
+@dataclass
+class Process:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    out: IO[bytes]
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as exc:
+            text = [f"(no log: {exc})"]
+        return f"--- {self.name}: last {lines} lines of {self.log}\n" + "\n".join(text)
+
+
+@dataclass
+class RealNode:
+    """One node: its mount namespace (held by a sleeping process), containerd, the kubelet, and the daemons a
+    test adds (``spawn``)."""
+
+    name: str
+    cp: ControlPlane
+    kube: Kube
+    home: Path
+    labels: dict[str, str] = field(default_factory=dict)
+    holder: subprocess.Popen[bytes] | None = None
+    procs: dict[str, Process] = field(default_factory=dict)
+    cgroup: str = ""
+
+    # -- paths -------------------------------------------------------------------------------------------------
+    @property
+    def root(self) -> Path:
+        """The node's view of the file system, from outside its mount namespace."""
+        assert self.holder is not None
+        return Path(f"/proc/{self.holder.pid}/root")
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.home / "containerd" / "containerd.sock"
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        """The kubelet's PodResources socket, reachable from outside the node's mount namespace."""
+        return self.root / "var/lib/kubelet/pod-resources/kubelet.sock"
+
+    # -- processes ---------------------------------------------------------------------------------------------
+    def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
+        """Start ``argv`` inside the node's mount namespace, logging to ``logs/NAME.log``."""
+        assert self.holder is not None
+        if name in self.procs and self.procs[name].alive():
+            raise AssertionError(f"{name} already runs on {self.name}")
+        log = self.home / "logs" / f"{name}.log"
+        out = log.open("ab")
+        full_env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"} | (env or {})
+        proc = subprocess.Popen(["nsenter", f"--target={self.holder.pid}", "--mount", "--", *argv], stdout=out,
+                                stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+        self.procs[name] = Process(name, proc, log, out)
+        return self.procs[name]
+
+    def stop(self, name: str, sig: signal.Signals = signal.SIGTERM, timeout: float = 30) -> None:
+        p = self.procs.pop(name, None)
+        if p is None:
+            return
+        if p.alive():
+            try:
+                os.killpg(p.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                p.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.proc.pid, signal.SIGKILL)
+                p.proc.wait(timeout=30)
+        p.out.close()
+
+    def ctr(self, *args: str, timeout: float = 120) -> str:
+        proc = subprocess.run(["ctr", "--address", str(self.containerd_socket), "--namespace", "k8s.io", *args],
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ctr {' '.join(args)} failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
+        return proc.stdout
+
+    def context(self) -> str:
+        return "\n".join(p.tail() for p in self.procs.values())
+
+    # -- bring up ----------------------------------------------------------------------------------------------
+    def start_namespace(self) -> None:
+        for sub in ("kubelet", "pod-logs", "logs", "containerd", "cni"):
+            (self.home / sub).mkdir(parents=True, exist_ok=True)
+        for target in ("/var/lib/kubelet", "/var/log/pods"):
+            Path(target).mkdir(parents=True, exist_ok=True)
+        script = (f"mount --bind {self.home / 'kubelet'} /var/lib/kubelet && "
+                  f"mount --bind {self.home / 'pod-logs'} /var/log/pods && exec sleep 2147483647")
+        self.holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                                       start_new_session=True)
+        kubelet_dir = self.home / "kubelet"
+
+        def bound() -> bool:
+            if self.holder is None or self.holder.poll() is not None:
+                raise AssertionError(f"the mount namespace of {self.name} ended: {self.holder and self.holder.returncode}")
+            try:
+                return os.stat(self.root / "var/lib/kubelet").st_ino == os.stat(kubelet_dir).st_ino
+            except OSError:
+                return False
+
+        wait_for(bound, 30, f"{self.name}'s private /var/lib/kubelet")
+
+    def make_cgroup_root(self) -> None:
+        self.cgroup = f"/gpu-tailor/{self.name}"
+        for hierarchy in _cgroup_v1_roots():
+            for depth in (hierarchy / "gpu-tailor", hierarchy / "gpu-tailor" / self.name):
+                depth.mkdir(exist_ok=True)
+                if hierarchy.name.startswith("cpuset"):  # a cpuset cgroup takes no task until it has cpus and mems
+                    for f in ("cpuset.cpus", "cpuset.mems"):
+                        if not (depth / f).read_text().strip():
+                            (depth / f).write_text((depth.parent / f).read_text())
+
+    def remove_cgroup_root(self) -> None:
+        if not self.cgroup:
+            return
+        for hierarchy in _cgroup_v1_roots():
+            top = hierarchy / self.cgroup.lstrip("/")
+            if not top.is_dir():
+                continue
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+            try:
+                top.rmdir()
+            except OSError:
+                pass
+
+    def start_containerd(self) -> None:
+        cni = cni_dir()
+        assert cni is not None
+        (self.home / "cni" / "10-loopback.conflist").write_text(
+            '{"cniVersion": "0.4.0", "name": "loopback-only", "plugins": [{"type": "loopback"}]}\n')
+        state = self.home / "containerd"
+        config = f"""version = 2
+root = "{state / 'root'}"
+state = "{state / 'state'}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "{self.containerd_socket}"
+[ttrpc]
+  address = "{self.containerd_socket}.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{state / 'opt'}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{images.PAUSE}"
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni}"
+    conf_dir = "{self.home / 'cni'}"
+"""
+        (state / "config.toml").write_text(config)
+        p = self.spawn("containerd", ["containerd", "--config", str(state / "config.toml")])
+
+        def up() -> bool:
+            if not p.alive():
+                raise AssertionError(f"containerd of {self.name} exited\n{p.tail()}")
+            try:
+                self.ctr("version", timeout=10)
+            except (RuntimeError, subprocess.TimeoutExpired):
+                return False
+            return True
+
+        wait_for(up, 60, f"containerd of {self.name}", interval=0.2)
+        for archive in images.archives().values():
+            self.ctr("images", "import", str(archive))
+
+    def start_kubelet(self, release: Release, taints: list[Obj] | None = None) -> None:
+        home = self.home
+        crt, key = node_certificate(self.cp, self.name, home)
+        kubeconfig = home / "kubelet.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "e2e", "cluster": {"server": f"https://127.0.0.1:{self.cp.api_port}",
+                                                      "certificate-authority": str(self.cp.pki / "ca.crt")}}],
+            "users": [{"name": "kubelet", "user": {"client-certificate": str(crt), "client-key": str(key)}}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "kubelet"}}],
+            "current-context": "e2e"}))
+        config: Obj = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "cgroupDriver": "cgroupfs", "cgroupRoot": self.cgroup, "failSwapOn": False,
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "address": "127.0.0.1", "port": free_port(), "healthzBindAddress": "127.0.0.1",
+            "healthzPort": free_port(), "readOnlyPort": 0,
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                               "x509": {"clientCAFile": str(self.cp.pki / "ca.crt")}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+                             "nodefs.inodesFree": "1%"},
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "serializeImagePulls": False, "resolvConf": "", "maxPods": 110,
+            "registerWithTaints": taints or [],
+            "fileCheckFrequency": "1s", "nodeStatusUpdateFrequency": "2s", "syncFrequency": "5s",
+        }
+        if release.minor >= 35:
+            config["failCgroupV1"] = False
+        (home / "kubelet.yaml").write_text(yaml.safe_dump(config))
+        self.healthz = f"http://127.0.0.1:{config['healthzPort']}/healthz"
+        argv = [str(release.bin / "kubelet"), f"--config={home / 'kubelet.yaml'}", f"--kubeconfig={kubeconfig}",
+                f"--hostname-override={self.name}", "--root-dir=/var/lib/kubelet", "-v=2"]
+        if self.labels:
+            argv.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
+        p = self.spawn("kubelet", argv)
+
+        def ready() -> bool:
+            if not p.alive():
+                raise AssertionError(f"the kubelet of {self.name} exited\n{p.tail()}")
+            if not self.kube.exists(api_path("nodes", name=self.name)):
+                return False
+            node = self.kube.get(api_path("nodes", name=self.name))
+            return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
+
+        wait_for(ready, 120, f"node {self.name} registered Ready", interval=0.5, context=self.context)
+        # The API server taints a new node not-ready; no node lifecycle controller runs here to lift it.
+        node = self.kube.get(api_path("nodes", name=self.name))
+        kept = [t for t in (node["spec"].get("taints") or []) if not t["key"].startswith("node.kubernetes.io/")]
+        self.kube.patch(api_path("nodes", name=self.name), {"spec": {"taints": kept or None}})
+
+    # -- tear down ---------------------------------------------------------------------------------------------
+    def _namespace_pids(self) -> list[int]:
+        """Every process in this node's mount namespace (containerd's shims and the pods' processes too)."""
+        if self.holder is None:
+            return []
+        try:
+            mine = os.readlink(f"/proc/{self.holder.pid}/ns/mnt")
+        except OSError:
+            return []
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if os.readlink(entry / "ns" / "mnt") == mine:
+                        pids.append(int(entry.name))
+                except OSError:
+                    continue
+        return pids
+
+    def down(self) -> None:
+        for name in [n for n in self.procs if n not in ("kubelet", "containerd")]:
+            self.stop(name)
+        self.stop("kubelet")
+        self.stop("containerd")
+        # containerd leaves its shims and the containers running: end everything in the namespace, holder last
+        holder = self.holder.pid if self.holder else None
+        for pid in self._namespace_pids():
+            if pid != holder:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and [p for p in self._namespace_pids() if p != holder]:
+            time.sleep(0.1)
+        if self.holder is not None:
+            self.holder.kill()
+            self.holder.wait(timeout=30)
+        self.remove_cgroup_root()
+        _unmount_under(self.home)
+
+
+def _unmount_under(path: Path) -> None:
+    """Mounts containerd made under the node's folder in the host namespace (none are expected: it ran in the
+    node's own), lazily detached so that the folder can go."""
+    prefix = str(path.resolve())
+    for line in reversed(Path("/proc/self/mounts").read_text().splitlines()):
+        target = line.split()[1]
+        if target.startswith(prefix):
+            subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+
+
+@contextmanager
+def real_node(name: str, cp: ControlPlane, kube: Kube, release: Release, workdir: Path,
+              labels: dict[str, str] | None = None, taints: list[Obj] | None = None) -> Iterator[RealNode]:
+    """A node with containerd and a kubelet registered Ready with ``cp``; everything it started ends on leaving."""
+    grant_nodes(kube)
+    node = RealNode(name, cp, kube, workdir / name, dict(labels or {}))
+    try:
+        node.start_namespace()
+        node.make_cgroup_root()
+        node.start_containerd()
+        node.start_kubelet(release, taints)
+        yield node
+    finally:
+        node.down()
+
+
+def node_status(kube: Kube, name: str) -> Any:
+    return kube.get(api_path("nodes", name=name))["status"]
