@@ -56,7 +56,8 @@ class NodeVerdict:
     unresolvable: bool = False  # the extender says no eviction would help
     score: int | None = None  # prioritize's 0..10, for the nodes that fit
     gpus: list[int] | None = None  # what bind would hand out there (None: no GPU ask, or counted only)
-    maybe: list[int] | None = None  # the GPUs the device plugin may pick among, where it is not one (replicas)
+    maybe: list[int] | None = None  # the GPUs the device plugin may pick among, where it is not one
+    whole: bool = False  # ``gpus`` are whole GPUs (else replicas, MIG instances or shares)
     nvlink: str = ""  # for several whole GPUs: whether those GPUs are all NVLink-connected
     detail: str = ""  # for people: how much is free of what is short, or that a degraded node is scored last
 
@@ -260,6 +261,7 @@ def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
             elif plan.placement is not None and plan.placement.gpus:
                 v.gpus = list(plan.placement.gpus)
                 v.maybe = list(plan.placement.maybe) or None
+                v.whole = plan.placement.whole
                 if plan.placement.whole:
                     v.nvlink = _nvlink(snap.nodes[name].state.gpus.topology, v.gpus, demand)
     return list(verdicts.values()), demand
@@ -323,9 +325,13 @@ def _gpus(v: NodeVerdict) -> str:
     if v.gpus is None:
         return "-"
     if v.maybe:  # the device plugin picks among GPUs that rank alike: say the set, not one
-        one = len(v.gpus) == 1
-        return ("GPU " + _either(v.maybe) if one else
-                f"{len(v.gpus)} replicas on GPUs {','.join(map(str, v.maybe))}") + " (the device plugin picks)"
+        if len(v.gpus) == 1:
+            said = "GPU " + _either(v.maybe)
+        elif v.whole:
+            said = f"{len(v.gpus)} of GPUs {','.join(map(str, v.maybe))}"
+        else:
+            said = f"{len(v.gpus)} replicas on GPUs {','.join(map(str, v.maybe))}"
+        return said + " (the device plugin picks)" + (f" ({v.nvlink})" if v.nvlink else "")
     return "GPU " + ",".join(map(str, v.gpus)) + (f" ({v.nvlink})" if v.nvlink else "")
 
 

@@ -57,10 +57,12 @@ class RecordingBinder:
         self.fail = fail
         self.pods = {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in pods}
         self.reads: list[tuple[str, str]] = []
+        self.among: list[str | None] = []  # the gpus-among annotation of each call
 
     async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None,
                    among: str | None = None) -> None:
         self.calls.append((namespace, name, uid, node, gpus))
+        self.among.append(among)
         if self.fail:
             raise RuntimeError("409 Conflict: pod already bound")
 

@@ -281,7 +281,7 @@ def test_records_are_small_and_hold_no_pod_object() -> None:
     cache.remember(second())
     records = [*cache.pods.values(), *cache.asked.values()]
     assert [f.name for f in fields(PodRecord)] == ["uid", "node", "demand", "placement", "recorded", "deadline",
-                                                 "version"]
+                                                 "version", "among"]
     for rec in records:
         assert not hasattr(rec, "__dict__")  # slots only
         assert not any(isinstance(getattr(rec, f.name), dict) for f in fields(PodRecord))
@@ -297,3 +297,36 @@ def test_records_are_small_and_hold_no_pod_object() -> None:
 ])
 def test_bind_annotates_the_gpus_it_knows(placement: Placement | None, annotation: str | None) -> None:
     assert verbs.BindPlan(placement).gpus == annotation
+
+
+def test_a_pick_among_equals_is_recorded_as_the_set_and_read_back() -> None:
+    """The 4-GPU pod on the idle NVSwitch board: any four GPUs may be handed out. Bind writes one pick and the set;
+    after a restart the set is read back with the pick, and the node agent's report of four others is no
+    contradiction. A pod bound after it is as unsure until the report says where the first went."""
+    cache = cluster()
+    rec = cache.pending(KEY, "")
+    assert rec is not None
+    plan = verbs.plan_bind(cache.snapshot(), rec, HGX)
+    assert (plan.gpus, plan.among) == ("0,1,2,3", "0,1,2,3,4,5,6,7")
+    seen = bound(pod_of("filter-nodecache-true-pod-gpu4"), HGX, plan.gpus)
+    seen["metadata"]["annotations"][labels.ANN_GPUS_AMONG] = plan.among
+
+    restarted = Cache()
+    restarted.reset_pods([seen, second()])
+    restarted.reset_nodes([node_fixture(n) for n in NODE_NAMES])
+    placed = restarted.pods[KEY].placement
+    assert placed is not None and (placed.gpus, placed.maybe) == ((0, 1, 2, 3), tuple(range(8)))
+    following = verbs.plan_bind(restarted.snapshot(), restarted.pods["gpu-jobs/train-gpu4-b"], HGX)
+    assert (following.gpus, following.among) == ("4,5,6,7", "0,1,2,3,4,5,6,7")
+    assert restarted.snapshot().nodes[HGX].state.gpus.surely_free() == []
+
+    restarted.apply_report("ADDED", {"metadata": {"name": HGX}, "spec": {
+        "node": HGX, "observedAt": "2026-11-26T12:00:00Z", "gpus": [{"index": i, "healthy": True} for i in range(8)],
+        "pods": [{"namespace": "gpu-jobs", "name": "train-gpu4", "container": "main", "resource": "nvidia.com/gpu",
+                  "gpus": [2, 3, 6, 7]}]}})
+    assert restarted.contradictions == 0
+    assert holds(restarted, KEY) == (2, 3, 6, 7)
+    state = restarted.snapshot().nodes[HGX].state.gpus
+    assert state.surely_free() == [0, 1, 4, 5]
+    after = verbs.plan_bind(restarted.snapshot(), restarted.pods["gpu-jobs/train-gpu4-b"], HGX)
+    assert (after.gpus, after.among) == ("0,1,4,5", None)  # known now: the one set left

@@ -9,7 +9,7 @@ from gpu_tailor.gpumodel.occupancy import (
     format_gpu_annotation,
     parse_gpu_annotation,
 )
-from gpu_tailor.gpumodel.topology import nvlink_pairs
+from gpu_tailor.gpumodel.topology import nvlink_pairs, nvswitch
 
 
 def test_shares_and_whole_gpus() -> None:
@@ -106,3 +106,38 @@ def test_several_units_are_predicted_one_at_a_time() -> None:
     assert node.predict_replicas(5, 250) == ((1, 1, 1, 0, 1), (0, 1))  # at 3 and 3 either GPU may come next
     node.place("b", Placement((0, 1), milli=250, whole=False, replicas=1))
     assert (node.slots[0].replicas_used, node.slots[1].replicas_used) == (4, 1)
+
+
+def test_whole_gpus_that_score_alike_are_predicted_as_a_set() -> None:
+    """On an NVSwitch board every set of free GPUs scores alike: the device plugin takes the first in the
+    kubelet's list of free GPUs, which has no fixed order, so the prediction is every free GPU. Until a node agent
+    says which, the next prediction is as unsure, and no GPU can be named free."""
+    hgx = NodeGpus(8, 81920, nvswitch(8))
+    everything = tuple(range(8))
+    assert hgx.predict_whole_among(2) == ((0, 1), everything)
+    hgx.place("a", Placement((0, 1), maybe=everything))
+    assert hgx.free_whole() == [2, 3, 4, 5, 6, 7]  # six are free...
+    assert hgx.surely_free() == []  # ...but which six is not known
+    assert hgx.predict_whole_among(4) == ((2, 3, 4, 5), everything)  # "a" may hold 2-5 and leave 0 and 1 free
+    hgx.place("a", Placement((4, 5)))  # what the node agent reported
+    assert hgx.surely_free() == [0, 1, 2, 3, 6, 7]
+    assert hgx.predict_whole_among(6) == ((0, 1, 2, 3, 6, 7), ())  # the one set left
+
+
+def test_whole_gpus_on_pcie_tie_within_a_socket() -> None:
+    node = NodeGpus(4, 16384)  # PCIe, two GPUs a socket
+    assert node.predict_whole_among(2) == ((0, 1), (0, 1, 2, 3))  # either socket's pair
+    node.place("a", Placement((2, 3)))
+    assert node.predict_whole_among(2) == ((0, 1), ())
+    assert node.predict_whole_among(3) is None
+
+
+def test_a_replica_picked_among_equals_leaves_the_next_unsure() -> None:
+    """Four idle time-sliced GPUs: the first replica may go to any; the second goes to any but that one, which is
+    not known, so to any as well (the plugin's own choice, 'distributed')."""
+    t4 = NodeGpus(4, 16384)
+    assert t4.predict_replicas(1, 250) == ((0,), (0, 1, 2, 3))
+    t4.place("r0", Placement((0,), milli=250, whole=False, replicas=1, maybe=(0, 1, 2, 3)))
+    assert t4.predict_replicas(1, 250) == ((1,), (0, 1, 2, 3))
+    t4.place("r0", Placement((2,), milli=250, whole=False, replicas=1))  # reported on GPU 2
+    assert t4.predict_replicas(1, 250) == ((0,), (0, 1, 3))
