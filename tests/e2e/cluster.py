@@ -219,11 +219,15 @@ def _listening(port: int) -> bool:
         return False
 
 
-def write_overlay(overlay: Path, webhook_url: str) -> None:
+def write_overlay(overlay: Path, webhook_url: str, agent_stand_in: str | None = None) -> None:
     """A kustomize overlay of the repo's manifests that changes only what cannot work without a kubelet:
     the API server calls the webhook at ``webhook_url`` (``https://host:port/mutate``; each entry keeps its own
     path) instead of through its Service, and the node agent's DaemonSet is left out (no kubelet runs its pods;
-    bound to the GPU nodes they would take CPU and memory the tests' placements do not count)."""
+    bound to the GPU nodes they would take CPU and memory the tests' placements do not count).
+
+    With real nodes (``agent_stand_in``: an image there), the DaemonSet stays, its container sleeping in that image:
+    the kubelet runs its pods with the identity the agent gets (a projected token bound to the pod), and the test
+    runs the agent beside it with that token (``tests/e2e/realnode.py``)."""
     overlay.mkdir(parents=True, exist_ok=True)
     base = webhook_url.rsplit("/", 1)[0]
     kustomization = {
@@ -236,7 +240,13 @@ def write_overlay(overlay: Path, webhook_url: str) -> None:
                                       "value": {"url": base + path}} for i, path in enumerate(_webhook_paths())]),
         }, {
             "patch": yaml.safe_dump({"$patch": "delete", "apiVersion": "apps/v1", "kind": "DaemonSet",
-                                     "metadata": {"name": "gpu-tailor-agent", "namespace": "gpu-tailor"}}),
+                                     "metadata": {"name": "gpu-tailor-agent", "namespace": "gpu-tailor"}}
+                                    if agent_stand_in is None else
+                                    {"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                     "metadata": {"name": "gpu-tailor-agent", "namespace": "gpu-tailor"},
+                                     "spec": {"template": {"spec": {"containers": [{
+                                         "name": "agent", "image": agent_stand_in,
+                                         "command": ["/bin/sleep", "2147483647"], "args": []}]}}}}),
         }],
     }
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))

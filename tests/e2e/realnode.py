@@ -26,10 +26,12 @@ The node keeps the machine's address: nothing here calls a kubelet from the API 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,9 +48,10 @@ from cryptography.x509.oid import NameOID
 from tests.conftest import free_port
 from tests.e2e import images
 from tests.e2e.cluster import ControlPlane, Release
-from tests.e2e.kube import Kube, Obj, api_path, wait_for
+from tests.e2e.kube import Credentials, Kube, Obj, api_path, wait_for, write_token_kubeconfig
 
 HOST_TOOLS = ("containerd", "ctr", "runc", "unshare", "nsenter")
+AGENT = [sys.executable, "-m", "gpu_tailor", "agent"]
 CNI_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 NVIDIA_BINARIES = ("nvidia-device-plugin", "gpu-feature-discovery", "libnvidia-ml.so.1")
 
@@ -80,6 +83,7 @@ def missing(release: Release, nvidia: bool = True) -> list[str]:
     if nvidia:
         home = nvidia_home()
         out += [f"{b} in {home / 'bin'}" for b in NVIDIA_BINARIES if not (home / "bin" / b).exists()]
+        out += [f"the mock NVML profile {p}" for p in (mock_profile("h100"), mock_profile("t4")) if not p.is_file()]
     return out
 
 
@@ -123,6 +127,22 @@ def grant_nodes(kube: Kube) -> None:
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}]})
 
 
+@dataclass(frozen=True)
+class MockGpus:
+    """The GPUs of a node: a mock NVML profile and how NVIDIA's device plugin sells them."""
+
+    profile: Path
+    replicas: int = 1  # time-slicing replicas per GPU (1: whole GPUs)
+    mig_strategy: str = "none"
+    policy: str = "distributed"  # the plugin's --shared-devices-allocation-policy
+    labels: dict[str, str] = field(default_factory=dict)  # what an admin adds (gpu-tailor.io/replica-policy ...)
+
+
+def mock_profile(name: str) -> Path:
+    """One of the mock NVML's GPU profiles (``h100``, ``t4`` ...), as NVIDIA's k8s-test-infra ships them."""
+    return nvidia_home() / "profiles" / f"mock-nvml-config-{name}.yaml"
+
+
 @dataclass
 class Process:
     name: str
@@ -154,6 +174,9 @@ class RealNode:
     holder: subprocess.Popen[bytes] | None = None
     procs: dict[str, Process] = field(default_factory=dict)
     cgroup: str = ""
+    healthz: str = ""
+    gpus: MockGpus | None = None
+    gfd_labels: dict[str, str] = field(default_factory=dict)
 
     # -- paths -------------------------------------------------------------------------------------------------
     @property
@@ -359,6 +382,95 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         node = self.kube.get(api_path("nodes", name=self.name))
         kept = [t for t in (node["spec"].get("taints") or []) if not t["key"].startswith("node.kubernetes.io/")]
         self.kube.patch(api_path("nodes", name=self.name), {"spec": {"taints": kept or None}})
+
+    # -- NVIDIA's pieces on the mock NVML ----------------------------------------------------------------------
+    def nvml_env(self) -> dict[str, str]:
+        """What loads the mock NVML with this node's GPUs (NVIDIA's binaries and nvidia-ml-py alike)."""
+        assert self.gpus is not None
+        return {"LD_LIBRARY_PATH": str(nvidia_home() / "bin"), "MOCK_NVML_CONFIG": str(self.gpus.profile)}
+
+    def plugin_config(self) -> Path:
+        """The device plugin's (and GFD's) config file, as NVIDIA documents it (``version: v1``)."""
+        assert self.gpus is not None
+        config: Obj = {"version": "v1", "flags": {
+            "migStrategy": self.gpus.mig_strategy, "failOnInitError": True,
+            "plugin": {"deviceListStrategy": ["envvar"], "deviceIDStrategy": "uuid",
+                       "sharedDevicesAllocationPolicy": self.gpus.policy}}}
+        if self.gpus.replicas > 1:
+            config["sharing"] = {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu",
+                                                                "replicas": self.gpus.replicas}]}}
+        path = self.home / "nvidia-plugin.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def start_nvidia(self, gpus: MockGpus) -> None:
+        """NVIDIA's device plugin (registered with the kubelet) and gpu-feature-discovery's labels, as NFD would
+        apply them, plus ``nvidia.com/gpu.present``, which the GPU operator sets from NFD's PCI labels."""
+        self.gpus = gpus
+        config = self.plugin_config()
+        bin_dir = nvidia_home() / "bin"
+        labels_file = self.home / "gfd-labels.txt"
+        proc = subprocess.run([str(bin_dir / "gpu-feature-discovery"), "--oneshot", "--use-node-feature-api=false",
+                               "--no-timestamp", f"--config-file={config}", f"--output-file={labels_file}"],
+                              env={**os.environ, **self.nvml_env()}, capture_output=True, text=True, timeout=120,
+                              check=False)
+        if proc.returncode != 0:
+            raise AssertionError(f"gpu-feature-discovery failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
+        found = dict(line.split("=", 1) for line in labels_file.read_text().splitlines() if "=" in line)
+        self.gfd_labels = found
+        self.kube.patch(api_path("nodes", name=self.name),
+                        {"metadata": {"labels": {**found, "nvidia.com/gpu.present": "true", **gpus.labels}}})
+        plugin = self.spawn("nvidia-device-plugin", [str(bin_dir / "nvidia-device-plugin"), f"--config-file={config}"],
+                            env=self.nvml_env())
+
+        def sold() -> bool:
+            if not plugin.alive():
+                raise AssertionError(f"NVIDIA's device plugin on {self.name} exited\n{plugin.tail()}")
+            alloc = self.kube.get(api_path("nodes", name=self.name))["status"].get("allocatable") or {}
+            return any(k.startswith("nvidia.com/") and int(v) > 0 for k, v in alloc.items())
+
+        wait_for(sold, 60, f"node {self.name} to sell NVIDIA devices", interval=0.5, context=self.context)
+
+    # -- gpu-tailor's node agent ------------------------------------------------------------------------------
+    def _agent_env(self) -> dict[str, str]:
+        return {**self.nvml_env(), "NODE_NAME": self.name}
+
+    def allocated(self) -> dict[str, tuple[int, ...]]:
+        """What the kubelet allocated, per pod (``namespace/name``): the GPU of every device its containers hold,
+        read from the kubelet's PodResources socket and the mock NVML by ``gpu-tailor agent --once`` (nothing is
+        written to the API)."""
+        proc = subprocess.run([*AGENT, "--once", "--pod-resources-socket", str(self.pod_resources_socket)],
+                              env={**os.environ, **self._agent_env()}, capture_output=True, text=True, timeout=60,
+                              check=False)
+        if proc.returncode != 0:
+            raise AssertionError(f"gpu-tailor agent --once on {self.name} failed ({proc.returncode}): {proc.stderr}")
+        report = json.loads(proc.stdout)
+        assert not report["spec"].get("unmapped"), report["spec"]["unmapped"]
+        held: dict[str, list[int]] = {}
+        for c in report["spec"].get("pods") or []:
+            held.setdefault(f"{c['namespace']}/{c['name']}", []).extend(c["gpus"])
+        return {k: tuple(sorted(v)) for k, v in held.items()}
+
+    def start_agent(self, kube: Kube, creds: Credentials) -> Process:
+        """``gpu-tailor agent`` on this node, with the identity the agent DaemonSet's pod here got from the kubelet
+        (its projected service-account token, bound to that pod), reading the kubelet's real PodResources socket
+        and the mock NVML."""
+        def agent_pod() -> Obj | None:
+            pods = kube.list(api_path("pods", "gpu-tailor"), label_selector="app.kubernetes.io/name=gpu-tailor-agent",
+                             field_selector=f"spec.nodeName={self.name}")
+            running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+            return running[0] if running else None
+
+        pod = wait_for(agent_pod, 90, f"the agent DaemonSet's pod Running on {self.name}", interval=0.5,
+                       context=self.context)
+        uid = pod["metadata"]["uid"]
+        tokens = list((self.root / "var/lib/kubelet/pods" / uid / "volumes/kubernetes.io~projected")
+                      .glob("*/token"))
+        assert len(tokens) == 1, f"the agent pod {uid} on {self.name} has tokens {tokens}"
+        kubeconfig = self.home / "agent.kubeconfig"
+        write_token_kubeconfig(kubeconfig, creds, "gpu-tailor-agent", tokens[0].read_text())
+        return self.spawn("gpu-tailor-agent", [*AGENT, "--kubeconfig", str(kubeconfig), "--interval", "1"],
+                          env=self._agent_env())
 
     # -- tear down ---------------------------------------------------------------------------------------------
     def _namespace_pids(self) -> list[int]:

@@ -239,16 +239,18 @@ def _gpu_tailor_argv(rendered: Rendered, deployment: str, container: str, listen
     return [*GPU_TAILOR, *argv]
 
 
-def install(cp: ControlPlane, kube: Kube, workdir: Path, webhook_port: int) -> Rendered:
+def install(cp: ControlPlane, kube: Kube, workdir: Path, webhook_port: int, nodes: bool = True,
+            agent_stand_in: str | None = None) -> Rendered:
     """manifests/ applied through the overlay that points the webhook at 127.0.0.1, the two namespaces
-    and the fixture nodes: what every run on the control plane starts from."""
+    and the fixture nodes (``nodes``): what every run on the control plane starts from. ``agent_stand_in``: see
+    ``write_overlay``."""
     overlay = workdir / "overlay"
-    write_overlay(overlay, f"https://127.0.0.1:{webhook_port}/mutate")
+    write_overlay(overlay, f"https://127.0.0.1:{webhook_port}/mutate", agent_stand_in)
     cp.kubectl("apply", "-k", str(overlay))
     rendered = render(cp, overlay)
     create_namespace(kube, OPTED_IN, {"gpu-tailor.io/enabled": "true"})
     create_namespace(kube, PLAIN, {})
-    for node in fixture_nodes():
+    for node in fixture_nodes() if nodes else ():
         install_node(kube, node)
     return rendered
 
@@ -268,9 +270,11 @@ def webhook_argv(rendered: Rendered, port: int, kubeconfig: Path) -> list[str]:
 Installer = Callable[[ControlPlane, Kube, Path, int], Rendered]
 
 
-def start_stack(cp: ControlPlane, kube: Kube, workdir: Path, installer: Installer | None = None) -> Stack:
+def start_stack(cp: ControlPlane, kube: Kube, workdir: Path, installer: Installer | None = None,
+                admission_probe: bool = True) -> Stack:
     """gpu-tailor on ``cp``: installed by ``installer`` (default ``install``, kustomize; ``tests/e2e/test_helm.py``
-    installs the chart), its three processes started from what it rendered, admission working."""
+    installs the chart), its three processes started from what it rendered, admission working (``admission_probe``:
+    checked with a dry-run create of a portable ask, which needs a node that sells GPUs)."""
     webhook_port, extender_port, scheduler_port, probes_port = free_port(), free_port(), free_port(), free_port()
     overlay = workdir / "overlay"
     rendered = (installer or install)(cp, kube, workdir, webhook_port)
@@ -300,7 +304,8 @@ def start_stack(cp: ControlPlane, kube: Kube, workdir: Path, installer: Installe
             service.start()
         wait_for(stack.lease_holder, 60, "gpu-tailor-scheduler to hold its leader-election Lease",
                  interval=0.2, context=stack.context)
-        stack.wait_admission_works()
+        if admission_probe:
+            stack.wait_admission_works()
     except BaseException:
         stack.stop()
         raise
@@ -326,8 +331,8 @@ def failed_scheduling(kube: Kube, pod: Obj) -> list[str]:
 
 
 @contextmanager
-def control_plane_with_gpu_tailor(release: Release, workdir: Path,
-                                  installer: Installer | None = None) -> Iterator[Stack]:
+def control_plane_with_gpu_tailor(release: Release, workdir: Path, installer: Installer | None = None,
+                                  admission_probe: bool = True) -> Iterator[Stack]:
     """A control plane of ``release`` in ``workdir`` with gpu-tailor installed by ``installer`` and running; both
     stopped on leaving."""
     cp = ControlPlane(release, workdir / "k8s")
@@ -335,7 +340,7 @@ def control_plane_with_gpu_tailor(release: Release, workdir: Path,
         cp.up()
         kube = Kube(load_kubeconfig(cp.kubeconfig), workdir / "admin")
         try:
-            stack = start_stack(cp, kube, workdir, installer)
+            stack = start_stack(cp, kube, workdir, installer, admission_probe)
         except Exception as exc:
             exc.add_note(f"logs: control plane {cp.logs}, gpu-tailor {workdir / 'logs'}")
             raise

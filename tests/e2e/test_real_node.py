@@ -1,0 +1,219 @@
+"""Real GPU nodes without GPUs (``tests/e2e/realnode.py``): a kubelet of the control plane's release on containerd,
+NVIDIA's device plugin and gpu-feature-discovery on NVIDIA's mock NVML. Pods go through gpu-tailor's webhook and
+gpu-tailor-scheduler to a node whose kubelet really admits them and whose device plugin really picks their GPUs.
+
+For every pod placed: it runs (the kubelet refused none), and the GPUs the kubelet allocated (its PodResources API,
+read by the node agent) are the GPUs bind recorded, or among the set it recorded where the device plugin picks
+among equals (``gpu-tailor.io/gpus-among``). Without the agent, the extender's picture of the node never names as
+free a GPU the node has given away (``NodeGpus.surely_free``); with it, every prediction the agent's report
+contradicts is counted (``gpu_tailor_agent_contradictions_total``) and none is.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+import pytest
+
+from gpu_tailor.extender.cache import Cache
+from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.occupancy import parse_gpu_annotation
+from gpu_tailor.tools.source import read_live
+from tests.e2e import images, realnode
+from tests.e2e.cluster import OPTED_IN, Release
+from tests.e2e.kube import Kube, Obj, api_path, load_kubeconfig, wait_for
+from tests.e2e.pods import unique
+from tests.e2e.realnode import MockGpus, RealNode, mock_profile, real_node
+from tests.e2e.services import Stack, control_plane_with_gpu_tailor, install
+
+pytestmark = pytest.mark.e2e
+
+MANAGED = {"key": labels.MANAGED_TAINT_KEY, "effect": "NoSchedule"}  # one scheduler per GPU node (README)
+HGX, T4 = "hgx-0", "t4-0"
+
+
+@dataclass
+class Real:
+    stack: Stack
+    nodes: dict[str, RealNode]
+    agents: bool = False
+    seen: list[str] = field(default_factory=list)  # one line per pod placed: what was recorded, what was given
+
+    @property
+    def kube(self) -> Kube:
+        return self.stack.kube
+
+
+@pytest.fixture(scope="module")
+def real(release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Real]:
+    """A control plane with gpu-tailor and two real GPU nodes: an 8x H100 HGX board selling whole GPUs, and four
+    T4s time-sliced four ways (the device plugin's default replica policy, distributed); both tainted for
+    gpu-tailor-scheduler alone."""
+    lacking = realnode.missing(release)
+    if lacking:
+        pytest.skip(f"no real GPU node on this machine: it lacks {'; '.join(lacking)}")
+    work = tmp_path_factory.mktemp(f"real-{release.version}")
+    installer = functools.partial(install, nodes=False, agent_stand_in=images.BUSYBOX)
+    with control_plane_with_gpu_tailor(release, work, installer, admission_probe=False) as stack, ExitStack() as up:
+        hgx = up.enter_context(real_node(HGX, stack.cp, stack.kube, release, work / "nodes", taints=[MANAGED]))
+        hgx.start_nvidia(MockGpus(mock_profile("h100")))
+        t4 = up.enter_context(real_node(T4, stack.cp, stack.kube, release, work / "nodes", taints=[MANAGED]))
+        t4.start_nvidia(MockGpus(mock_profile("t4"), replicas=4))
+        stack.wait_admission_works()
+        yield Real(stack, {HGX: hgx, T4: t4})
+
+
+def real_pod(name: str, limits: dict[str, str], product: str, topology: str | None = None) -> Obj:
+    """A portable ask for ``product`` that runs on a real node: busybox, host network (no pod network here), ending
+    at once when told to."""
+    annotations = {labels.ANN_GPU_PRODUCT: product}
+    if topology:
+        annotations[labels.ANN_TOPOLOGY] = topology
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations},
+            "spec": {"hostNetwork": True, "terminationGracePeriodSeconds": 2, "containers": [{
+                "name": "main", "image": images.BUSYBOX,
+                "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 2147483647 & wait"],
+                "resources": {"limits": dict(limits)}}]}}
+
+
+def running(real: Real, name: str) -> Obj:
+    def phase() -> Obj | None:
+        pod = real.kube.get(api_path("pods", OPTED_IN, name))
+        status = pod.get("status") or {}
+        if status.get("phase") == "Failed":  # the kubelet refused it: UnexpectedAdmissionError, OutOf...
+            raise AssertionError(f"the kubelet refused {name}: {status.get('reason')}: {status.get('message')}")
+        return pod if status.get("phase") == "Running" else None
+
+    return wait_for(phase, 90, f"pod {name} Running", interval=0.2, context=lambda: context(real))
+
+
+def context(real: Real) -> str:
+    return real.stack.context() + "\n" + "\n".join(n.context() for n in real.nodes.values())
+
+
+def delete(real: Real, names: list[str]) -> None:
+    """Deleted gracefully: the kubelet stops the containers and frees their devices before the pod is gone."""
+    for n in names:
+        real.kube.delete(api_path("pods", OPTED_IN, n), grace_seconds=2)
+    wait_for(lambda: not any(real.kube.exists(api_path("pods", OPTED_IN, n)) for n in names), 90,
+             f"pods {names} gone", interval=0.2, context=lambda: context(real))
+
+
+def picture(real: Real) -> Cache:
+    """The extender's picture of the cluster as explain builds it from the live API (the node agents' reports
+    included where they run)."""
+    cluster = read_live(str(real.stack.cp.kubeconfig))
+    cache = Cache(report_stale=None)
+    if real.agents:
+        cache.reset_reports(cluster.reports)
+    cache.reset_pods(cluster.pods)
+    cache.reset_nodes(cluster.nodes)
+    return cache
+
+
+def contradictions(real: Real) -> float:
+    with urllib.request.urlopen(real.stack.extender_probes + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    found = re.search(r"^gpu_tailor_agent_contradictions_total (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def place(real: Real, node: str, limits: dict[str, str], product: str, topology: str | None = None) -> str:
+    """Create one pod, wait until it runs, and check its record against what the kubelet gave it."""
+    name = unique(f"{node.split('-')[0]}-{next(iter(limits.values()))}")
+    real.kube.create(api_path("pods", OPTED_IN), real_pod(name, limits, product, topology))
+    pod = running(real, name)
+    assert pod["spec"]["nodeName"] == node, f"{name} went to {pod['spec']['nodeName']}, not {node}"
+    check(real, node, [pod])
+    return name
+
+
+def check(real: Real, node: str, pods: list[Obj]) -> None:
+    """Each pod's allocated GPUs are its recorded ones, or within the recorded set; the extender's picture names as
+    free no GPU the node gave away; with agents, the report settles each pod on what it holds, contradicting none."""
+    given = real.nodes[node].allocated()
+    for pod in pods:
+        key = f"{OPTED_IN}/{pod['metadata']['name']}"
+        notes = pod["metadata"].get("annotations") or {}
+        recorded = parse_gpu_annotation(str(notes.get(labels.ANN_GPUS, "")))
+        among = parse_gpu_annotation(str(notes.get(labels.ANN_GPUS_AMONG, "")))
+        assert recorded is not None, f"{key}: bind recorded no GPUs ({notes})"
+        got = given.get(key)
+        assert got is not None and len(got) == len(recorded), f"{key}: the kubelet gave {got}, bind recorded {recorded}"
+        if among:
+            assert set(got) <= set(among), f"{key}: the kubelet gave GPUs {got}, outside the set {among} recorded"
+        else:
+            assert sorted(got) == sorted(recorded), f"{key}: the kubelet gave GPUs {got}, bind recorded {recorded}"
+        real.seen.append(f"{key}: recorded {recorded} among {among or '-'}, given {got}, "
+                         f"{'exact' if sorted(got) == sorted(recorded) else 'within the set'}")
+    held = {g for gpus in given.values() for g in gpus}
+    if real.agents:
+        wait_for(lambda: _reported(real, node, given), 30, f"{node}'s report naming what its pods hold",
+                 interval=0.5, context=lambda: context(real))
+    state = picture(real).nodes[node].gpus
+    if node == HGX:  # whole GPUs: a GPU given away must not be named free
+        wrongly_free = held & set(state.surely_free())
+        assert not wrongly_free, f"the extender's picture names GPUs {wrongly_free} free, the node gave them away"
+    if real.agents:
+        for key, gpus in given.items():
+            placed = state.placements.get(key)
+            assert placed is not None and tuple(sorted(placed.gpus)) == gpus, f"{key}: the picture says {placed}"
+    assert contradictions(real) == 0
+
+
+def _reported(real: Real, node: str, given: dict[str, tuple[int, ...]]) -> bool:
+    report = real.kube.get(api_path("nodegpureports", name=node, group="gpu-tailor.io/v1alpha1"))
+    seen: dict[str, list[int]] = {}
+    for c in report["spec"].get("pods") or []:
+        seen.setdefault(f"{c['namespace']}/{c['name']}", []).extend(c["gpus"])
+    return {k: tuple(sorted(v)) for k, v in seen.items()} == given
+
+
+def whole_gpu_rounds(real: Real) -> None:
+    """1, 2, 1 and 4 GPUs (the board full), two deleted, 2 GPUs on NVLink and 1 into the holes; then from empty: 8,
+    and 2, 2, 4."""
+    h100 = {"product": "H100"}
+    ask = functools.partial(place, real, HGX, **h100)  # type: ignore[arg-type]
+    first = [ask({labels.GPU_MILLI: str(1000 * n)}) for n in (1, 2, 1, 4)]
+    delete(real, first[1:3])
+    rest = [ask({labels.GPU_MILLI: "2000"}, topology="nvlink"), ask({labels.GPU_MILLI: "1000"})]
+    delete(real, [first[0], first[3], *rest])
+    delete(real, [ask({labels.GPU_MILLI: "8000"})])
+    delete(real, [ask({labels.GPU_MILLI: str(1000 * n)}) for n in (2, 2, 4)])
+
+
+def quarter_burst(real: Real, count: int = 12) -> None:
+    """``count`` quarter-GPU pods created at once onto the time-sliced T4s, then checked together."""
+    names = [unique("t4-quarter") for _ in range(count)]
+    for n in names:
+        real.kube.create(api_path("pods", OPTED_IN), real_pod(n, {labels.GPU_MILLI: "250"}, "T4"))
+    pods = [running(real, n) for n in names]
+    assert {p["spec"]["nodeName"] for p in pods} == {T4}
+    check(real, T4, pods)
+    delete(real, names)
+
+
+def test_whole_gpus_and_replicas_without_the_agent(real: Real) -> None:
+    """No node agent: every record holds what the node gave (exactly, or within the recorded set)."""
+    real.agents = False
+    whole_gpu_rounds(real)
+    quarter_burst(real)
+    print("\n".join(["", "without the agent:", *real.seen]))
+
+
+def test_whole_gpus_and_replicas_with_the_agent(real: Real) -> None:
+    """The node agent on both nodes, with the identity its DaemonSet pod gets from the kubelet: the reports settle
+    every pod on the GPUs it holds, and no prediction is contradicted."""
+    creds = load_kubeconfig(real.stack.cp.kubeconfig)
+    for node in real.nodes.values():
+        node.start_agent(real.kube, creds)
+    real.agents = True
+    real.seen.clear()
+    whole_gpu_rounds(real)
+    quarter_burst(real)
+    print("\n".join(["", "with the agent:", *real.seen]))
