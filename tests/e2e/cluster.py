@@ -227,7 +227,8 @@ def write_overlay(overlay: Path, webhook_url: str, agent_stand_in: str | None = 
 
     With real nodes (``agent_stand_in``: an image there), the DaemonSet stays, its container sleeping in that image:
     the kubelet runs its pods with the identity the agent gets (a projected token bound to the pod), and the test
-    runs the agent beside it with that token (``tests/e2e/realnode.py``)."""
+    runs the agent beside it with that token (``tests/e2e/realnode.py``). It runs with host networking: the real
+    nodes have no pod network (nothing is routed to a pod there)."""
     overlay.mkdir(parents=True, exist_ok=True)
     base = webhook_url.rsplit("/", 1)[0]
     kustomization = {
@@ -244,7 +245,7 @@ def write_overlay(overlay: Path, webhook_url: str, agent_stand_in: str | None = 
                                     if agent_stand_in is None else
                                     {"apiVersion": "apps/v1", "kind": "DaemonSet",
                                      "metadata": {"name": "gpu-tailor-agent", "namespace": "gpu-tailor"},
-                                     "spec": {"template": {"spec": {"containers": [{
+                                     "spec": {"template": {"spec": {"hostNetwork": True, "containers": [{
                                          "name": "agent", "image": agent_stand_in,
                                          "command": ["/bin/sleep", "2147483647"], "args": []}]}}}}),
         }],
