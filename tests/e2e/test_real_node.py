@@ -217,3 +217,56 @@ def test_whole_gpus_and_replicas_with_the_agent(real: Real) -> None:
     whole_gpu_rounds(real)
     quarter_burst(real)
     print("\n".join(["", "with the agent:", *real.seen]))
+
+
+def test_a_gpu_pod_no_one_sent_to_gpu_tailor_waits_with_the_reason(real: Real) -> None:
+    """In a namespace not opted in, a native GPU ask goes to default-scheduler, which the GPU nodes' taint keeps
+    off them: it stays Pending with kube-scheduler's reason, and neither real node runs it."""
+    name = unique("plain")
+    pod = real_pod(name, {"nvidia.com/gpu": "1"}, "H100")
+    real.kube.create(api_path("pods", real.stack.plain), pod)
+    try:
+        def reason() -> str:
+            got = real.kube.get(api_path("pods", real.stack.plain, name))
+            assert not got["spec"].get("nodeName"), f"{name} was bound to {got['spec'].get('nodeName')}"
+            cond = [c for c in (got.get("status") or {}).get("conditions") or [] if c["type"] == "PodScheduled"]
+            return str(cond[0].get("message") or "") if cond and cond[0].get("reason") == "Unschedulable" else ""
+
+        message = wait_for(reason, 60, f"{name} Unschedulable", interval=0.5)
+        assert "untolerated taint" in message, message
+    finally:
+        real.kube.delete(api_path("pods", real.stack.plain, name), grace_seconds=0)
+
+
+def _pool_gpus(real: Real) -> dict[str, float]:
+    with urllib.request.urlopen(real.stack.extender_probes + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r'^gpu_tailor_pool_gpus\{([^}]*)\} (\S+)$', text, re.M)}
+
+
+def test_a_drained_and_removed_node_leaves_nothing_behind(real: Real) -> None:
+    """Last in this module: the HGX node is cordoned, its pods evicted (``kubectl drain``), its kubelet stopped and its
+    Node deleted. Its report goes with it (owned by the Node), the extender forgets its GPUs, and no record of its
+    pods is left anywhere."""
+    names = [place(real, HGX, {labels.GPU_MILLI: str(1000 * n)}, "H100") for n in (2, 1)]
+    assert any('model="H100"' in k and v > 0 for k, v in _pool_gpus(real).items()), _pool_gpus(real)
+    real.kube.patch(api_path("nodes", name=HGX), {"spec": {"unschedulable": True}})
+    for n in names:
+        real.kube.create(api_path("pods", OPTED_IN, n, subresource="eviction"), {
+            "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": n, "namespace": OPTED_IN}})
+    wait_for(lambda: not any(real.kube.exists(api_path("pods", OPTED_IN, n)) for n in names), 90,
+             "the evicted pods gone", interval=0.2, context=lambda: context(real))
+    assert real.nodes[HGX].allocated() == {}
+    node = real.nodes[HGX]
+    node.stop("gpu-tailor-agent")
+    node.stop("kubelet")
+    real.kube.delete(api_path("nodes", name=HGX))
+    report = api_path("nodegpureports", name=HGX, group="gpu-tailor.io/v1alpha1")
+    wait_for(lambda: not real.kube.exists(report), 60, f"{HGX}'s NodeGPUReport collected with its Node",
+             interval=0.5)
+    wait_for(lambda: not any('model="H100"' in k and v > 0 for k, v in _pool_gpus(real).items()), 30,
+             "the extender to forget the H100 pool", interval=0.5)
+    assert HGX not in picture(real).nodes
+    left = [p["metadata"]["name"] for p in real.kube.list(api_path("pods", OPTED_IN))
+            if labels.ANN_GPUS in (p["metadata"].get("annotations") or {})]
+    assert not left, f"pods with bind's record left: {left}"
