@@ -343,9 +343,11 @@ class Cache:
             return
         gpus = state.gpus
         unhealthy = report.unhealthy()
-        if unhealthy is not None and len(gpus.slots) - len(unhealthy) != state.inventory.usable_gpus:
-            # the report and the node's allocatable disagree on how many GPUs are sold (one of them is behind):
-            # the count stands, and which GPUs stays unknown until they agree
+        if unhealthy is not None and len(gpus.slots) - len(unhealthy) > state.inventory.usable_gpus:
+            # the node sells fewer GPUs than the report leaves (the report is behind): the count stands, and which
+            # GPUs stays unknown until they agree. Where the report leaves fewer, it names GPUs the driver lost that
+            # the device plugin still sells (it learns of a loss from an Xid event, or at its next start): a pod
+            # placed there would fail, so they are not placed on
             log.info("node %s: its report marks %d of %d GPUs unsold, its allocatable %d", state.name, len(unhealthy),
                      len(gpus.slots), len(gpus.slots) - state.inventory.usable_gpus)
             unhealthy = None

@@ -24,6 +24,7 @@ from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.records import pod_record
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.devices import dra as claims
+from gpu_tailor.gpumodel.occupancy import NodeGpus
 from gpu_tailor.gpumodel.schedule import Demand, demand_of
 from gpu_tailor.tools import intree
 from gpu_tailor.tools.source import Cluster
@@ -250,8 +251,8 @@ def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
             name = entry["Host"]
             v = verdicts[name]
             v.score = int(entry["Score"])
-            if name in snap.degraded:
-                v.detail = "degraded: scored last"
+            if name in snap.degraded or snap.nodes[name].state.gpus.unhealthy:
+                v.detail = _degraded(snap.nodes[name].state.gpus)
             plan = verbs.plan_bind(snap, rec, name)
             if plan.error:
                 v.fits, v.by, v.reasons = False, "gpu-tailor extender", [plan.error]
@@ -265,6 +266,14 @@ def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
                 if plan.placement.whole:
                     v.nvlink = _nvlink(snap.nodes[name].state.gpus.topology, v.gpus, demand)
     return list(verdicts.values()), demand
+
+
+def _degraded(gpus: NodeGpus) -> str:
+    """Which GPUs a degraded node does not sell, where a node agent said; else how many."""
+    if gpus.unhealthy:
+        which = ", ".join(map(str, sorted(gpus.unhealthy)))
+        return f"degraded: GPU {which} not sold or lost (the node agent's report); scored last"
+    return f"degraded: {len(gpus.slots) - gpus.usable} of {len(gpus.slots)} GPUs not sold, which not known; scored last"
 
 
 def explain(pod: Obj, subject: str, cluster: Cluster, policy: AdmissionPolicy) -> Explanation:

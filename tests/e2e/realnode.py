@@ -387,7 +387,25 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def nvml_env(self) -> dict[str, str]:
         """What loads the mock NVML with this node's GPUs (NVIDIA's binaries and nvidia-ml-py alike)."""
         assert self.gpus is not None
-        return {"LD_LIBRARY_PATH": str(nvidia_home() / "bin"), "MOCK_NVML_CONFIG": str(self.gpus.profile)}
+        return {"LD_LIBRARY_PATH": str(nvidia_home() / "bin"), "MOCK_NVML_CONFIG": str(self.gpus.profile),
+                "MOCK_NVML_OVERRIDES": str(self.overrides)}
+
+    @property
+    def overrides(self) -> Path:
+        """The mock NVML's runtime overrides (re-read every second by every process that loaded it): where a test
+        injects a failure."""
+        return self.home / "nvml-overrides.json"
+
+    def inject(self, devices: dict[int, Obj]) -> None:
+        """Override mock NVML fields per GPU index from now on (``{7: {"failure": {"mode": "lost"}}}``); ``{}``
+        takes every override back."""
+        self.overrides.write_text(json.dumps({"version": 1, "devices": {str(i): d for i, d in devices.items()}}))
+
+    def restart_device_plugin(self) -> None:
+        """NVIDIA's device plugin stopped and started again, as a pod restart would; it re-reads NVML."""
+        self.stop("nvidia-device-plugin")
+        self.spawn("nvidia-device-plugin", [str(nvidia_home() / "bin" / "nvidia-device-plugin"),
+                                            f"--config-file={self.home / 'nvidia-plugin.yaml'}"], env=self.nvml_env())
 
     def plugin_config(self) -> Path:
         """The device plugin's (and GFD's) config file, as NVIDIA documents it (``version: v1``)."""
@@ -407,6 +425,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         """NVIDIA's device plugin (registered with the kubelet) and gpu-feature-discovery's labels, as NFD would
         apply them, plus ``nvidia.com/gpu.present``, which the GPU operator sets from NFD's PCI labels."""
         self.gpus = gpus
+        self.inject({})
         config = self.plugin_config()
         bin_dir = nvidia_home() / "bin"
         labels_file = self.home / "gfd-labels.txt"

@@ -23,7 +23,9 @@ import pytest
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.occupancy import parse_gpu_annotation
-from gpu_tailor.tools.source import read_live
+from gpu_tailor.tools.explain import explain, table
+from gpu_tailor.tools.source import Cluster, read_live
+from gpu_tailor.webhook.config import AdmissionPolicy
 from tests.e2e import images, realnode
 from tests.e2e.cluster import OPTED_IN, Release
 from tests.e2e.kube import Kube, Obj, api_path, load_kubeconfig, wait_for
@@ -114,6 +116,10 @@ def picture(real: Real) -> Cache:
     cache.reset_pods(cluster.pods)
     cache.reset_nodes(cluster.nodes)
     return cache
+
+
+def explain_table(pod: Obj, cluster: Cluster) -> str:
+    return table(explain(pod, f"pod {pod['metadata']['name']}", cluster, AdmissionPolicy()))
 
 
 def contradictions(real: Real) -> float:
@@ -236,6 +242,52 @@ def test_a_gpu_pod_no_one_sent_to_gpu_tailor_waits_with_the_reason(real: Real) -
         assert "untolerated taint" in message, message
     finally:
         real.kube.delete(api_path("pods", real.stack.plain, name), grace_seconds=0)
+
+
+def test_a_lost_gpu_is_no_longer_placed_on_and_explain_names_it(real: Real) -> None:
+    """GPU 7 of the HGX board is lost (the mock NVML's failure injection). The node agent reports it within a minute;
+    gpu-tailor then counts the node 7 GPUs (NVIDIA's device plugin on this mock still sells 8: its health check learns
+    of a loss only from an Xid event), refuses an 8-GPU pod with the reason, and explain names GPU 7. Once the GPU is
+    back, an 8-GPU pod runs."""
+    node = real.nodes[HGX]
+    if not real.agents:  # run alone: the agent is what tells which GPU is gone
+        creds = load_kubeconfig(real.stack.cp.kubeconfig)
+        for n in real.nodes.values():
+            n.start_agent(real.kube, creds)
+        real.agents = True
+    report = api_path("nodegpureports", name=HGX, group="gpu-tailor.io/v1alpha1")
+
+    def healthy() -> list[bool]:
+        return [bool(g.get("healthy")) for g in real.kube.get(report)["spec"].get("gpus") or []]
+
+    node.inject({7: {"failure": {"mode": "lost"}}})
+    try:
+        wait_for(lambda: healthy() == [True] * 7 + [False], 60, "the agent to report GPU 7 lost", interval=0.5,
+                 context=lambda: context(real))
+
+        def told() -> str:
+            probe = real_pod("probe", {labels.GPU_MILLI: "1000"}, "H100")
+            probe["metadata"]["namespace"] = OPTED_IN
+            said = explain_table(probe, read_live(str(real.stack.cp.kubeconfig)))
+            return said if "GPU 7 not sold or lost (the node agent's report)" in said else ""
+
+        wait_for(told, 60, "explain to name GPU 7", interval=1)
+        name = unique("hgx-8000")
+        real.kube.create(api_path("pods", OPTED_IN), real_pod(name, {labels.GPU_MILLI: "8000"}, "H100"))
+
+        def refused() -> str:
+            events = real.kube.events(OPTED_IN, "Pod", name)
+            said = [str(e.get("message")) for e in events if e.get("reason") == "FailedScheduling"]
+            assert not real.kube.get(api_path("pods", OPTED_IN, name))["spec"].get("nodeName"), f"{name} was bound"
+            return next((m for m in said if "7 of 7 free" in m), "")
+
+        wait_for(refused, 60, f"{name} refused by gpu-tailor for GPU 7", interval=0.5, context=lambda: context(real))
+        # kube-scheduler retries an unschedulable pod on a cluster event or after 5 minutes; a report is no event to it
+        real.kube.delete(api_path("pods", OPTED_IN, name), grace_seconds=0)
+    finally:
+        node.inject({})
+    wait_for(lambda: healthy() == [True] * 8, 60, "the agent to report GPU 7 back", interval=0.5)
+    delete(real, [place(real, HGX, {labels.GPU_MILLI: "8000"}, "H100")])
 
 
 def _pool_gpus(real: Real) -> dict[str, float]:
