@@ -252,7 +252,7 @@ def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
             v = verdicts[name]
             v.score = int(entry["Score"])
             if name in snap.degraded or snap.nodes[name].state.gpus.unhealthy:
-                v.detail = _degraded(snap.nodes[name].state.gpus)
+                v.detail = _unsold(snap.nodes[name].state.gpus, name in snap.degraded)
             plan = verbs.plan_bind(snap, rec, name)
             if plan.error:
                 v.fits, v.by, v.reasons = False, "gpu-tailor extender", [plan.error]
@@ -268,12 +268,13 @@ def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
     return list(verdicts.values()), demand
 
 
-def _degraded(gpus: NodeGpus) -> str:
-    """Which GPUs a degraded node does not sell, where a node agent said; else how many."""
+def _unsold(gpus: NodeGpus, degraded: bool) -> str:
+    """Which GPUs a node does not sell or lost, where a node agent said; else how many (a degraded node)."""
     if gpus.unhealthy:
-        which = ", ".join(map(str, sorted(gpus.unhealthy)))
-        return f"degraded: GPU {which} not sold or lost (the node agent's report); scored last"
-    return f"degraded: {len(gpus.slots) - gpus.usable} of {len(gpus.slots)} GPUs not sold, which not known; scored last"
+        said = f"GPU {', '.join(map(str, sorted(gpus.unhealthy)))} not sold or lost (the node agent's report)"
+    else:
+        said = f"{len(gpus.slots) - gpus.usable} of {len(gpus.slots)} GPUs not sold, which not known"
+    return f"degraded: {said}; scored last" if degraded else said
 
 
 def explain(pod: Obj, subject: str, cluster: Cluster, policy: AdmissionPolicy) -> Explanation:

@@ -188,6 +188,33 @@ async def test_a_degraded_node_is_told_which_gpus_are_gone(socket_dir: Path) -> 
     assert told.fits and told.gpus is not None and not {1, 4, 6} & set(told.gpus)
 
 
+async def test_a_gpu_the_driver_lost_is_not_placed_on_though_the_plugin_still_sells_it(socket_dir: Path) -> None:
+    """The HGX node sells 8 GPUs, but NVML says GPU 7 is lost (the device plugin learns of it from an Xid event, or
+    at its next start): with the agent's report, gpu-tailor counts 7, refuses 8 and names GPU 7; a report that
+    leaves more GPUs than the node sells (behind the node) is not followed."""
+    boards = hgx()
+    boards[7].lost = True
+    obj = await report_of(Kubelet([], {"nvidia.com/gpu": [b.uuid for b in boards]}), FakeNvml(boards), HGX,
+                          socket_dir)
+    assert [g["index"] for g in obj["spec"]["gpus"] if not g["healthy"]] == [7]
+    cluster = Cluster([copy.deepcopy(node_fixture(n)) for n in NODES], [], None, "the fixture nodes", reports=[obj])
+    eight = {v.node: v for v in explain(pod("all", {"nvidia.com/gpu": "8"}), "pod", cluster,
+                                        AdmissionPolicy()).nodes}[HGX]
+    assert not eight.fits and "8 whole GPUs asked, 7 of 7 free" in eight.reasons[0]
+    one = {v.node: v for v in explain(pod("one", {"nvidia.com/gpu": "1"}), "pod", cluster, AdmissionPolicy()).nodes}
+    assert one[HGX].fits and one[HGX].maybe == list(range(7))
+    assert one[HGX].detail == "GPU 7 not sold or lost (the node agent's report)"
+
+    degraded = "h100-degraded-0"  # sells 5 of 8; a report naming only one GPU unsold is behind it
+    behind = copy.deepcopy(obj)
+    behind["metadata"]["name"] = behind["spec"]["node"] = degraded
+    cache = Cache()
+    cache.reset_reports([behind])
+    cache.reset_nodes([copy.deepcopy(node_fixture(n)) for n in NODES])
+    state = cache.snapshot().nodes[degraded].state.gpus
+    assert state.unhealthy is None and state.usable == 5
+
+
 def test_a_malformed_report_is_said_and_names_nothing() -> None:
     bad = {"metadata": {"name": "n1"}, "spec": {"node": "n2", "pods": [{"namespace": "a", "name": "p", "gpus": [0]}]}}
     assert parse(bad).problems == ("spec.node 'n2' is not the report's name 'n1'",)
