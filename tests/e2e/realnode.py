@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -54,6 +55,7 @@ HOST_TOOLS = ("containerd", "ctr", "runc", "unshare", "nsenter")
 AGENT = [sys.executable, "-m", "gpu_tailor", "agent"]
 CNI_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 NVIDIA_BINARIES = ("nvidia-device-plugin", "gpu-feature-discovery", "libnvidia-ml.so.1")
+DRA_DRIVER = "gpu-kubelet-plugin"  # NVIDIA's DRA driver's kubelet plugin: only the DRA tests need it
 
 
 def nvidia_home() -> Path:
@@ -449,6 +451,57 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             return any(k.startswith("nvidia.com/") and int(v) > 0 for k, v in alloc.items())
 
         wait_for(sold, 60, f"node {self.name} to sell NVIDIA devices", interval=0.5, context=self.context)
+
+    # -- NVIDIA's DRA driver on the mock NVML -----------------------------------------------------------------
+    def driver_root(self) -> Path:
+        """A driver root as NVIDIA's DRA driver expects one: the mock NVML as ``libnvidia-ml.so.<version>``, an empty
+        ``libcuda.so.<version>`` (CDI spec generation looks for it), ``nvidia-smi`` (checked for) and device nodes."""
+        assert self.gpus is not None
+        root = self.home / "driver-root"
+        profile = yaml.safe_load(self.gpus.profile.read_text())
+        version = str(profile["system"]["driver_version"])
+        for sub in ("usr/lib64", "usr/bin", "dev"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        lib = root / "usr/lib64"
+        shutil.copy2(nvidia_home() / "bin" / "libnvidia-ml.so.1", lib / f"libnvidia-ml.so.{version}")
+        (lib / f"libcuda.so.{version}").write_bytes(b"")
+        for link, to in (("libnvidia-ml.so.1", f"libnvidia-ml.so.{version}"), ("libnvidia-ml.so", "libnvidia-ml.so.1"),
+                         ("libcuda.so.1", f"libcuda.so.{version}")):
+            if not (lib / link).is_symlink():
+                (lib / link).symlink_to(to)
+        smi = root / "usr/bin/nvidia-smi"
+        smi.write_text("#!/bin/sh\nexit 0\n")
+        smi.chmod(0o755)
+        count = len(profile.get("devices") or [])
+        for name, minor in [*((f"nvidia{i}", i) for i in range(count)), ("nvidiactl", 255)]:
+            if not (root / "dev" / name).exists():
+                os.mknod(root / "dev" / name, 0o666 | stat.S_IFCHR, os.makedev(195, minor))
+        return root
+
+    def start_dra_driver(self, gpus: MockGpus, kubeconfig: Path) -> Process:
+        """NVIDIA's DRA driver's kubelet plugin (``gpu-kubelet-plugin``) on the mock NVML instead of the device plugin:
+        it registers with the kubelet and publishes the node's ``gpu.nvidia.com`` ResourceSlices."""
+        self.gpus = gpus
+        self.inject({})
+        root = self.driver_root()
+        hook = self.home / "nvidia-cdi-hook"  # named in the CDI specs it writes; nothing here runs them
+        hook.write_text("#!/bin/sh\nexit 0\n")
+        hook.chmod(0o755)
+        (self.home / "cdi").mkdir(exist_ok=True)
+        plugin = self.spawn("gpu-kubelet-plugin", [
+            str(nvidia_home() / "bin" / "gpu-kubelet-plugin"), f"--node-name={self.name}", f"--kubeconfig={kubeconfig}",
+            f"--nvidia-driver-root={root}", f"--container-driver-root={root}", f"--cdi-root={self.home / 'cdi'}",
+            f"--nvidia-cdi-hook-path={hook}", f"--image-name={images.BUSYBOX}"], env=self.nvml_env())
+
+        def published() -> bool:
+            if not plugin.alive():
+                raise AssertionError(f"NVIDIA's DRA driver on {self.name} exited\n{plugin.tail()}")
+            return any(s["spec"].get("nodeName") == self.name
+                       for s in self.kube.list(api_path("resourceslices", group="resource.k8s.io/v1")))
+
+        wait_for(published, 60, f"NVIDIA's DRA driver to publish {self.name}'s ResourceSlices", interval=0.5,
+                 context=self.context)
+        return plugin
 
     # -- gpu-tailor's node agent ------------------------------------------------------------------------------
     def _agent_env(self) -> dict[str, str]:

@@ -32,6 +32,7 @@ from tests.e2e.kube import Kube, Obj, api_path, load_kubeconfig, wait_for
 from tests.e2e.pods import unique
 from tests.e2e.realnode import MockGpus, RealNode, mock_profile, real_node
 from tests.e2e.services import Stack, control_plane_with_gpu_tailor, install
+from tests.gpumodel.dra_slices import device_classes
 
 pytestmark = pytest.mark.e2e
 
@@ -288,6 +289,70 @@ def test_a_lost_gpu_is_no_longer_placed_on_and_explain_names_it(real: Real) -> N
         node.inject({})
     wait_for(lambda: healthy() == [True] * 8, 60, "the agent to report GPU 7 back", interval=0.5)
     delete(real, [place(real, HGX, {labels.GPU_MILLI: "8000"}, "H100")])
+
+
+def test_nvidias_dra_driver_publishes_what_gpu_tailor_places_on(real: Real, release: Release) -> None:
+    """On 1.34 and later, a third node runs NVIDIA's DRA driver (its kubelet plugin on the mock NVML) instead of the
+    device plugin. With the device-plugin nodes cordoned, portable asks become claims on the slices the driver
+    published; kube-scheduler allocates them, the kubelet has the driver prepare them, the pods run, and each
+    allocated device is the one explain said the allocator would pick."""
+    if release.minor < 34:
+        pytest.skip(f"{release.version} serves no resource.k8s.io/v1 (DRA is GA from 1.34)")
+    driver = realnode.nvidia_home() / "bin" / realnode.DRA_DRIVER
+    if not driver.exists():
+        pytest.skip(f"no NVIDIA DRA driver here: {driver} is absent")
+    kube, group = real.kube, "resource.k8s.io/v1"
+    made = []
+    with real_node("dra-0", real.stack.cp, kube, release, real.nodes[HGX].home.parent, taints=[MANAGED]) as node:
+        try:
+            node.start_dra_driver(MockGpus(mock_profile("h100")), real.stack.cp.kubeconfig)
+            for cls in device_classes():
+                made.append(api_path("deviceclasses", name=cls["metadata"]["name"], group=group))
+                kube.create(api_path("deviceclasses", group=group), cls)
+            for n in (HGX, T4):
+                kube.patch(api_path("nodes", name=n), {"spec": {"unschedulable": True}})
+
+            def routed_to_dra() -> bool:
+                probe = kube.create(api_path("pods", OPTED_IN), real_pod("probe", {labels.GPU_MILLI: "1000"}, "H100"),
+                                    dry_run=True)
+                return bool(probe["spec"].get("resourceClaims"))
+
+            wait_for(routed_to_dra, 60, "the webhook to send a whole-H100 ask to the DRA node", interval=0.5)
+            published = {d["name"] for sl in kube.list(api_path("resourceslices", group=group))
+                         if sl["spec"].get("nodeName") == "dra-0" for d in sl["spec"]["devices"]}
+            assert published == {f"gpu-{i}" for i in range(8)}, published
+            for _ in range(3):
+                name = unique("dra-1000")
+                ask = real_pod(name, {labels.GPU_MILLI: "1000"}, "H100")
+                said = explain(dict(ask, metadata={**ask["metadata"], "namespace": OPTED_IN}), f"pod {name}",
+                               read_live(str(real.stack.cp.kubeconfig)), AdmissionPolicy())
+                predicted = re.search(r"-> device (\S+)", {v.node: v.detail for v in said.nodes}["dra-0"])
+                kube.create(api_path("pods", OPTED_IN), ask)
+                pod = running(real, name)
+                assert pod["spec"]["nodeName"] == "dra-0"
+                (claim,) = [c for c in kube.list(api_path("resourceclaims", OPTED_IN, group=group))
+                            if any(o.get("name") == name for o in c["metadata"].get("ownerReferences") or [])]
+                (result,) = claim["status"]["allocation"]["devices"]["results"]
+                assert result["pool"] == "dra-0" and result["device"] in published
+                assert predicted is not None and predicted.group(1) == result["device"], (predicted, result)
+                real.seen.append(f"{OPTED_IN}/{name}: explain predicted {predicted.group(1)}, allocated "
+                                 f"{result['device']}")
+        finally:
+            for n in (HGX, T4):
+                kube.patch(api_path("nodes", name=n), {"spec": {"unschedulable": None}})
+            for pod in kube.list(api_path("pods", OPTED_IN)):
+                if pod["spec"].get("nodeName") == "dra-0":
+                    kube.delete(api_path("pods", OPTED_IN, pod["metadata"]["name"]), grace_seconds=2)
+            wait_for(lambda: not [p for p in kube.list(api_path("pods", OPTED_IN))
+                                  if p["spec"].get("nodeName") == "dra-0"], 90, "the DRA node's pods gone",
+                     interval=0.5)
+            for path in made:
+                kube.delete(path)
+    kube.delete(api_path("nodes", name="dra-0"))  # its kubelet has stopped: nothing registers it again
+    for sl in kube.list(api_path("resourceslices", group=group)):
+        if sl["spec"].get("nodeName") == "dra-0":  # collected with the Node; deleted here so no later test waits on it
+            kube.delete(api_path("resourceslices", name=sl["metadata"]["name"], group=group))
+    print("\n".join(["", "NVIDIA's DRA driver:", *real.seen[-3:]]))
 
 
 def _pool_gpus(real: Real) -> dict[str, float]:
