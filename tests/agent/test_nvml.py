@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from gpu_tailor.agent import nvml
-from tests.e2e import realnode
 from tests.agent.nvml_answers import Board, FakeNvml, hgx, pairs, pcie
+from tests.e2e import realnode
 
 
 def test_an_hgx_board_is_one_nvswitch_fabric() -> None:

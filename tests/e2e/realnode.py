@@ -25,6 +25,7 @@ The node keeps the machine's address: nothing here calls a kubelet from the API 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -215,10 +216,8 @@ class RealNode:
         if p is None:
             return
         if p.alive():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.proc.pid, sig)
-            except ProcessLookupError:
-                pass
             try:
                 p.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -250,7 +249,8 @@ class RealNode:
 
         def bound() -> bool:
             if self.holder is None or self.holder.poll() is not None:
-                raise AssertionError(f"the mount namespace of {self.name} ended: {self.holder and self.holder.returncode}")
+                code = self.holder.returncode if self.holder else None
+                raise AssertionError(f"the mount namespace of {self.name} ended ({code})")
             try:
                 return os.stat(self.root / "var/lib/kubelet").st_ino == os.stat(kubelet_dir).st_ino
             except OSError:
@@ -276,14 +276,10 @@ class RealNode:
             if not top.is_dir():
                 continue
             for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-                try:
+                with contextlib.suppress(OSError):
                     d.rmdir()
-                except OSError:
-                    pass
-            try:
+            with contextlib.suppress(OSError):
                 top.rmdir()
-            except OSError:
-                pass
 
     def start_containerd(self) -> None:
         cni = cni_dir()
@@ -295,8 +291,8 @@ class RealNode:
 root = "{state / 'root'}"
 state = "{state / 'state'}"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp",
-  "io.containerd.internal.v1.tracing"]
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
 [grpc]
   address = "{self.containerd_socket}"
 [ttrpc]
@@ -535,6 +531,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
         pod = wait_for(agent_pod, 90, f"the agent DaemonSet's pod Running on {self.name}", interval=0.5,
                        context=self.context)
+        assert pod is not None
         uid = pod["metadata"]["uid"]
         tokens = list((self.root / "var/lib/kubelet/pods" / uid / "volumes/kubernetes.io~projected")
                       .glob("*/token"))
@@ -572,10 +569,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         holder = self.holder.pid if self.holder else None
         for pid in self._namespace_pids():
             if pid != holder:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and [p for p in self._namespace_pids() if p != holder]:
             time.sleep(0.1)

@@ -92,7 +92,9 @@ def running(real: Real, name: str) -> Obj:
             raise AssertionError(f"the kubelet refused {name}: {status.get('reason')}: {status.get('message')}")
         return pod if status.get("phase") == "Running" else None
 
-    return wait_for(phase, 90, f"pod {name} Running", interval=0.2, context=lambda: context(real))
+    found = wait_for(phase, 90, f"pod {name} Running", interval=0.2, context=lambda: context(real))
+    assert found is not None
+    return found
 
 
 def context(real: Real) -> str:
@@ -184,8 +186,9 @@ def _reported(real: Real, node: str, given: dict[str, tuple[int, ...]]) -> bool:
 def whole_gpu_rounds(real: Real) -> None:
     """1, 2, 1 and 4 GPUs (the board full), two deleted, 2 GPUs on NVLink and 1 into the holes; then from empty: 8,
     and 2, 2, 4."""
-    h100 = {"product": "H100"}
-    ask = functools.partial(place, real, HGX, **h100)  # type: ignore[arg-type]
+    def ask(limits: dict[str, str], topology: str | None = None) -> str:
+        return place(real, HGX, limits, "H100", topology)
+
     first = [ask({labels.GPU_MILLI: str(1000 * n)}) for n in (1, 2, 1, 4)]
     delete(real, first[1:3])
     rest = [ask({labels.GPU_MILLI: "2000"}, topology="nvlink"), ask({labels.GPU_MILLI: "1000"})]

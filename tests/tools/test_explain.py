@@ -51,8 +51,8 @@ def test_two_whole_gpus_on_an_nvlink_pair_and_the_degraded_node_scored_last() ->
     assert said.nvlink == "all NVLink-connected"
     assert nodes[HGX].score == 10 and nodes["h100-degraded-0"].fits and nodes["h100-degraded-0"].score == 0
     # the degraded node sells 5 of 8 GPUs, and which 5 is not known: it promises no GPU
-    assert nodes["h100-degraded-0"].detail == ("degraded: 3 of 8 GPUs not sold, which not known; scored last; which GPUs "
-                                               "is not known: counted only")
+    assert nodes["h100-degraded-0"].detail == (
+        "degraded: 3 of 8 GPUs not sold, which not known; scored last; which GPUs is not known: counted only")
     assert nodes["h100-degraded-0"].gpus is None and nodes[HGX].gpus == [0, 1]
     assert nodes["cpu-node-0"].by == "kube-scheduler" and nodes["cpu-node-0"].reasons == ["Insufficient nvidia.com/gpu"]
     t4 = nodes["t4-timeslice-0"]
