@@ -202,6 +202,15 @@ class ControlPlane:
         return proc.stdout
 
 
+def log_tail(name: str, log: Path, lines: int) -> str:
+    """The last ``lines`` of a process's log, headed by its name, for a failing test's context."""
+    try:
+        text = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError as exc:
+        text = [f"(no log: {exc})"]
+    return f"--- {name}: last {lines} lines of {log}\n" + "\n".join(text)
+
+
 def _running(pid: int) -> bool:
     """Alive and not a zombie (what control-plane.sh started was reparented: nobody here reaps it)."""
     try:

@@ -49,7 +49,7 @@ from cryptography.x509.oid import NameOID
 
 from tests.conftest import free_port
 from tests.e2e import images
-from tests.e2e.cluster import ControlPlane, Release
+from tests.e2e.cluster import ControlPlane, Release, log_tail
 from tests.e2e.kube import Credentials, Kube, Obj, api_path, wait_for, write_token_kubeconfig
 
 HOST_TOOLS = ("containerd", "ctr", "runc", "unshare", "nsenter")
@@ -157,11 +157,7 @@ class Process:
         return self.proc.poll() is None
 
     def tail(self, lines: int = 25) -> str:
-        try:
-            text = self.log.read_text(errors="replace").splitlines()[-lines:]
-        except OSError as exc:
-            text = [f"(no log: {exc})"]
-        return f"--- {self.name}: last {lines} lines of {self.log}\n" + "\n".join(text)
+        return log_tail(self.name, self.log, lines)
 
 
 @dataclass

@@ -34,6 +34,7 @@ from tests.e2e.cluster import (
     create_namespace,
     fixture_nodes,
     install_node,
+    log_tail,
     render,
     scheduler_config,
     service_account_kubeconfig,
@@ -125,11 +126,7 @@ class Service:
             self._out = None
 
     def tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log.read_text(errors="replace").splitlines()[-lines:]
-        except OSError as exc:
-            text = [f"(no log: {exc})"]
-        return f"--- {self.name}: last {lines} lines of {self.log}\n" + "\n".join(text)
+        return log_tail(self.name, self.log, lines)
 
 
 @dataclass
