@@ -10,8 +10,9 @@ UUIDs need NVML to be turned into indices; indices do not. A device id that cann
 as ``unmapped`` rather than guessed.
 
 A GPU is healthy when NVML can read it and, where the kubelet lists the node's allocatable devices, at
-least one of them is on it (the device plugin no longer offers a GPU it marked unhealthy) or it is in MIG mode
-with no instance cut yet (then it offers nothing at all).
+least one of them is on it: the device plugin no longer offers a GPU it marked unhealthy, and a GPU in MIG mode with
+no instance cut offers nothing (under the mixed strategy its neighbours are still sold as whole GPUs, and it is not
+one of them).
 """
 
 from __future__ import annotations
@@ -61,9 +62,7 @@ def build(node: str, assigned: list[Devices], allocatable: list[Devices], readin
                if (at := gpu_index(i, by_uuid)) is not None}
     gpus: tuple[ReportedGpu, ...] = ()
     if reading is not None:
-        # a GPU in MIG mode that is not cut yet offers the kubelet nothing, and is not unhealthy for it
-        gpus = tuple(ReportedGpu(g.index, g.uuid, g.healthy and (not offered or g.index in offered or
-                                                                 (g.mig_enabled and not g.mig)), g.peers)
+        gpus = tuple(ReportedGpu(g.index, g.uuid, g.healthy and (not offered or g.index in offered), g.peers)
                      for g in reading.gpus)
     problems = reading.problems if reading is not None else ()
     return NodeReport(node, observed_at, reading.driver if reading is not None else "", gpus, containers,

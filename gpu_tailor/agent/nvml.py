@@ -26,7 +26,7 @@ class Gpu:
     healthy: bool = True
     reason: str = ""  # why not healthy
     mig: tuple[str, ...] = ()  # UUIDs of the MIG devices cut from it
-    mig_enabled: bool = False  # MIG mode on (a GPU not cut yet offers the kubelet no device, and is not unhealthy)
+    mig_enabled: bool = False  # MIG mode on (a GPU not cut yet offers the kubelet no device)
     peers: tuple[int, ...] = ()  # GPUs it reaches over NVLink (directly or through NVSwitch)
 
 

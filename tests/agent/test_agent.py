@@ -310,13 +310,16 @@ def test_a_report_its_agent_stopped_renewing_is_forgotten() -> None:
     assert node not in cache.reports and not snap.nodes[node].state.gpus.per_gpu_known
 
 
-def test_a_gpu_in_mig_mode_not_cut_yet_is_not_unhealthy_and_bad_lists_are_said() -> None:
+def test_a_gpu_in_mig_mode_not_cut_yet_is_not_sold_and_bad_lists_are_said() -> None:
+    """Under the mixed strategy a GPU in MIG mode with no instance cut offers nothing, and its neighbours are sold as
+    whole GPUs: the report says which GPU is not sold, so that the whole GPUs are known."""
     boards = pcie(2)
     boards[1].mig = []  # MIG mode on, no instance yet: the kubelet offers nothing on it
     reading = nvml.read(FakeNvml(boards))
     offered = [podresources.Devices("nvidia.com/gpu", (boards[0].uuid,))]
     report = collect.build("n", [], offered, reading, "2026-11-26T12:00:00Z")
-    assert [g.healthy for g in report.gpus] == [True, True]
+    assert [g.healthy for g in report.gpus] == [True, False]
+    assert [g.healthy for g in collect.build("n", [], [], reading, "2026-11-26T12:00:00Z").gpus] == [True, True]
     assert parse({"metadata": {"name": "n"}, "spec": {"node": "n", "gpus": "all", "unmapped": 3}}).problems == (
         "spec.gpus: expected a list, got str", "spec.unmapped: expected a list, got int")
 

@@ -139,6 +139,7 @@ class MockGpus:
     mig_strategy: str = "none"
     policy: str = "distributed"  # the plugin's --shared-devices-allocation-policy
     labels: dict[str, str] = field(default_factory=dict)  # what an admin adds (gpu-tailor.io/replica-policy ...)
+    overrides: dict[int, Obj] = field(default_factory=dict)  # mock NVML fields per GPU from the start (``inject``)
 
 
 def mock_profile(name: str) -> Path:
@@ -419,7 +420,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         """NVIDIA's device plugin (registered with the kubelet) and gpu-feature-discovery's labels, as NFD would
         apply them, plus ``nvidia.com/gpu.present``, which the GPU operator sets from NFD's PCI labels."""
         self.gpus = gpus
-        self.inject({})
+        self.inject(gpus.overrides)
         config = self.plugin_config()
         bin_dir = nvidia_home() / "bin"
         labels_file = self.home / "gfd-labels.txt"

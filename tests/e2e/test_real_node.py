@@ -71,14 +71,16 @@ def real(release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         yield Real(stack, {HGX: hgx, T4: t4})
 
 
-def real_pod(name: str, limits: dict[str, str], product: str, topology: str | None = None) -> Obj:
-    """A portable ask for ``product`` that runs on a real node: busybox, host network (no pod network here), ending
-    at once when told to."""
+def real_pod(name: str, limits: dict[str, str], product: str, topology: str | None = None,
+             node: str | None = None) -> Obj:
+    """A portable ask for ``product`` that runs on a real node (``node``: pinned there by hostname): busybox, host
+    network (no pod network here), ending at once when told to."""
     annotations = {labels.ANN_GPU_PRODUCT: product}
     if topology:
         annotations[labels.ANN_TOPOLOGY] = topology
+    pinned = {"nodeSelector": {"kubernetes.io/hostname": node}} if node else {}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations},
-            "spec": {"hostNetwork": True, "terminationGracePeriodSeconds": 2, "containers": [{
+            "spec": {**pinned, "hostNetwork": True, "terminationGracePeriodSeconds": 2, "containers": [{
                 "name": "main", "image": images.BUSYBOX,
                 "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 2147483647 & wait"],
                 "resources": {"limits": dict(limits)}}]}}
@@ -132,10 +134,12 @@ def contradictions(real: Real) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def place(real: Real, node: str, limits: dict[str, str], product: str, topology: str | None = None) -> str:
-    """Create one pod, wait until it runs, and check its record against what the kubelet gave it."""
+def place(real: Real, node: str, limits: dict[str, str], product: str, topology: str | None = None,
+          pin: bool = False) -> str:
+    """Create one pod (``pin``: to ``node``), wait until it runs, and check its record against what the kubelet gave
+    it."""
     name = unique(f"{node.split('-')[0]}-{next(iter(limits.values()))}")
-    real.kube.create(api_path("pods", OPTED_IN), real_pod(name, limits, product, topology))
+    real.kube.create(api_path("pods", OPTED_IN), real_pod(name, limits, product, topology, node if pin else None))
     pod = running(real, name)
     assert pod["spec"]["nodeName"] == node, f"{name} went to {pod['spec']['nodeName']}, not {node}"
     check(real, node, [pod])
@@ -165,7 +169,7 @@ def check(real: Real, node: str, pods: list[Obj]) -> None:
         wait_for(lambda: _reported(real, node, given), 30, f"{node}'s report naming what its pods hold",
                  interval=0.5, context=lambda: context(real))
     state = picture(real).nodes[node].gpus
-    if node == HGX:  # whole GPUs: a GPU given away must not be named free
+    if node != T4:  # whole GPUs: a GPU given away must not be named free
         wrongly_free = held & set(state.surely_free())
         assert not wrongly_free, f"the extender's picture names GPUs {wrongly_free} free, the node gave them away"
     if real.agents:
@@ -227,6 +231,33 @@ def test_whole_gpus_and_replicas_with_the_agent(real: Real) -> None:
     whole_gpu_rounds(real)
     quarter_burst(real)
     print("\n".join(["", "with the agent:", *real.seen]))
+
+
+def test_a_mig_node_sells_the_gpus_not_in_mig_mode_whole(real: Real, release: Release) -> None:
+    """An H100 board with GPUs 0-3 in MIG mode and no instance cut (mig-manager between layouts; the mock lists no
+    MIG device), the rest sold whole by the device plugin's mixed strategy. The node sells 4 of the 8 GPUs GFD
+    counts; the agent's report says which, and whole-GPU pods go to GPUs 4-7, recorded there."""
+    mig = {"mig": {"mode_current": "enabled", "mode_pending": "enabled", "max_gpu_instances": 7}}
+    name = "mig-0"
+    creds, agents = load_kubeconfig(real.stack.cp.kubeconfig), real.agents
+    with real_node(name, real.stack.cp, real.kube, release, real.nodes[HGX].home.parent, taints=[MANAGED]) as node:
+        try:
+            node.start_nvidia(MockGpus(mock_profile("h100"), mig_strategy="mixed",
+                                       overrides={i: mig for i in range(4)}))
+            assert node.gfd_labels["nvidia.com/mig.strategy"] == "mixed"
+            node.start_agent(real.kube, creds)
+            real.nodes[name], real.agents = node, True
+            report = api_path("nodegpureports", name=name, group="gpu-tailor.io/v1alpha1")
+            wait_for(lambda: [g.get("healthy") for g in real.kube.get(report)["spec"].get("gpus") or []] ==
+                     [False] * 4 + [True] * 4, 60, "the agent to report GPUs 0-3 unsold", interval=0.5)
+            placed = [place(real, name, {labels.GPU_MILLI: str(1000 * n)}, "H100", pin=True) for n in (1, 2, 1)]
+            given = node.allocated()
+            assert sorted(g for p in placed for g in given[f"{OPTED_IN}/{p}"]) == [4, 5, 6, 7]
+            delete(real, placed)
+        finally:
+            real.nodes.pop(name, None)
+            real.agents = agents
+    real.kube.delete(api_path("nodes", name=name))  # its kubelet has stopped: nothing registers it again
 
 
 def test_a_gpu_pod_no_one_sent_to_gpu_tailor_waits_with_the_reason(real: Real) -> None:
