@@ -1,9 +1,9 @@
 """The wheel as a user's ``pip install .`` and the container image get it.
 
-The slow tests build the wheel from exactly what the Dockerfile copies, install it into a fresh venv
-with its runtime dependencies only, and check there that everything ``gpu-tailor webhook`` and
-``gpu-tailor extender`` load imports, that the bundled data is in, and that the dev tools and the
-optional matplotlib are not. The fast ones check that .dockerignore lets in what the Dockerfile copies.
+The slow tests build the wheel, install it into a fresh venv with its runtime dependencies only, and check there
+that everything ``gpu-tailor webhook`` and ``gpu-tailor extender`` load imports, that the bundled data is in, and that
+the dev tools and the optional matplotlib are not. The image is built from the same wheels by
+``scripts/build-image.py`` (``tests/test_image.py`` runs it).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# what the wheel build reads: the Dockerfile's builder copies these and .dockerignore keeps only them
+# what the wheel build reads
 SOURCES = ("pyproject.toml", "README.md", "gpu_tailor")
 SERVICE_MODULES = (
     "gpu_tailor.cli",
@@ -72,11 +72,22 @@ def pip(*args: str, cwd: Path) -> None:
     pytest.fail(f"{' '.join(cmd)} failed ({proc.returncode}):\n{output}")
 
 
+def sources() -> list[str]:
+    """``SOURCES``' files, without bytecode caches."""
+    out = []
+    for entry in SOURCES:
+        path = ROOT / entry
+        files = [path] if path.is_file() else [p for p in path.rglob("*")
+                                               if p.is_file() and "__pycache__" not in p.parts]
+        out += [f.relative_to(ROOT).as_posix() for f in files]
+    return out
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     work = tmp_path_factory.mktemp("packaging")
     src, dist, venv = work / "src", work / "dist", work / "venv"
-    for rel in build_context():  # the files `docker build` would send
+    for rel in sources():  # what the wheel build reads, and nothing else of the checkout
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
         (src / rel).write_bytes((ROOT / rel).read_bytes())
     pip("wheel", "--no-deps", "--prefer-binary", "--wheel-dir", str(dist), str(src), cwd=work)
@@ -145,57 +156,3 @@ def test_simulate_plot_names_the_extra_where_matplotlib_is_missing(installed: In
     proc = run_in(installed, str(installed.scripts / "gpu-tailor"), "simulate", "--plot", "out.png")
     assert proc.returncode == 2
     assert "--plot needs matplotlib: pip install 'gpu-tailor[plot]'" in proc.stderr
-
-
-# -- the image's build context ------------------------------------------------------------------
-
-
-def dockerignore_rules() -> list[tuple[bool, re.Pattern[str]]]:
-    """.dockerignore as Docker reads it: Go globs (``**`` spans folders), ``!`` re-includes, last match wins."""
-    rules = []
-    for raw in (ROOT / ".dockerignore").read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        negate = line.startswith("!")
-        glob = line.removeprefix("!").strip("/")
-        regex = "".join(".*" if part == "**" else re.escape(part).replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
-                        .replace(r"\[", "[").replace(r"\]", "]") for part in re.split(r"(\*\*)", glob))
-        rules.append((negate, re.compile(regex.replace(".*/", "(.*/)?"))))
-    return rules
-
-
-def ignored(rel: str, rules: list[tuple[bool, re.Pattern[str]]]) -> bool:
-    parts = rel.split("/")
-    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]  # a match on a folder covers its files
-    verdict = False
-    for negate, regex in rules:
-        if any(regex.fullmatch(p) for p in prefixes):
-            verdict = not negate
-    return verdict
-
-
-def build_context() -> set[str]:
-    """The files ``docker build .`` sends (the exceptions in .dockerignore re-include whole top-level entries)."""
-    rules = dockerignore_rules()
-    kept: set[str] = set()
-    for folder, dirs, files in os.walk(ROOT):
-        base = Path(folder).relative_to(ROOT)
-        dirs[:] = [d for d in dirs if not ignored((base / d).as_posix(), rules)]
-        kept |= {(base / f).as_posix() for f in files if not ignored((base / f).as_posix(), rules)}
-    return kept
-
-
-def test_the_build_context_holds_what_the_wheel_needs_and_no_more() -> None:
-    context = build_context()
-    package = {p.relative_to(ROOT).as_posix() for p in (ROOT / "gpu_tailor").rglob("*")
-               if p.is_file() and "__pycache__" not in p.parts}
-    assert package and package | {"pyproject.toml", "README.md"} == context
-
-
-def test_the_dockerfile_copies_what_the_wheel_build_reads() -> None:
-    copied: list[str] = []
-    for line in (ROOT / "Dockerfile").read_text().splitlines():
-        if line.startswith("COPY ") and "--from" not in line:
-            copied += line.split()[1:-1]
-    assert sorted(copied) == sorted(SOURCES)
