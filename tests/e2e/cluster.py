@@ -228,16 +228,14 @@ def _listening(port: int) -> bool:
         return False
 
 
-def write_overlay(overlay: Path, webhook_url: str, agent_stand_in: str | None = None) -> None:
+def write_overlay(overlay: Path, webhook_url: str, agent: Obj | None = None) -> None:
     """A kustomize overlay of the repo's manifests that changes only what cannot work without a kubelet:
     the API server calls the webhook at ``webhook_url`` (``https://host:port/mutate``; each entry keeps its own
     path) instead of through its Service, and the node agent's DaemonSet is left out (no kubelet runs its pods;
     bound to the GPU nodes they would take CPU and memory the tests' placements do not count).
 
-    With real nodes (``agent_stand_in``: an image there), the DaemonSet stays, its container sleeping in that image:
-    the kubelet runs its pods with the identity the agent gets (a projected token bound to the pod), and the test
-    runs the agent beside it with that token (``tests/e2e/realnode.py``). It runs with host networking: the real
-    nodes have no pod network (nothing is routed to a pod there)."""
+    With real nodes, ``agent`` is a strategic-merge patch of the DaemonSet instead, which keeps it
+    (``tests/e2e/realnode.py``: ``agent_patch``)."""
     overlay.mkdir(parents=True, exist_ok=True)
     base = webhook_url.rsplit("/", 1)[0]
     kustomization = {
@@ -251,12 +249,7 @@ def write_overlay(overlay: Path, webhook_url: str, agent_stand_in: str | None = 
         }, {
             "patch": yaml.safe_dump({"$patch": "delete", "apiVersion": "apps/v1", "kind": "DaemonSet",
                                      "metadata": {"name": "gpu-tailor-agent", "namespace": "gpu-tailor"}}
-                                    if agent_stand_in is None else
-                                    {"apiVersion": "apps/v1", "kind": "DaemonSet",
-                                     "metadata": {"name": "gpu-tailor-agent", "namespace": "gpu-tailor"},
-                                     "spec": {"template": {"spec": {"hostNetwork": True, "containers": [{
-                                         "name": "agent", "image": agent_stand_in,
-                                         "command": ["/bin/sleep", "2147483647"], "args": []}]}}}}),
+                                    if agent is None else agent),
         }],
     }
     (overlay / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))

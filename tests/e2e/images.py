@@ -8,10 +8,14 @@ and ``PAUSE``, the sandbox image a real node's containerd is told to use (busybo
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
+
+import yaml
 
 BUSYBOX = "gpu-tailor.test/busybox:1.35"
 PAUSE = "gpu-tailor.test/pause:1"
@@ -52,6 +56,36 @@ def _image(layout: Path, tag: str, rootfs_of: Path, entrypoint: list[str]) -> No
     _run("umoci", "config", "--image", f"{layout}:{tag}", "--config.entrypoint", entrypoint[0],
          *[a for arg in entrypoint[1:] for a in ("--config.cmd", arg)])
     shutil.rmtree(bundle)
+
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_TOOLS = ("umoci", "skopeo", "apt-get", "dpkg-deb")
+
+
+def manifests_image() -> str:
+    """The image the manifests run gpu-tailor's pods from (the agent DaemonSet's)."""
+    doc = yaml.safe_load((REPO / "manifests" / "agent" / "daemonset.yaml").read_text())
+    return str(doc["spec"]["template"]["spec"]["containers"][0]["image"])
+
+
+@functools.cache
+def gpu_tailor() -> tuple[str, Path] | str:
+    """gpu-tailor's own image, built by ``scripts/build-image.py`` once per test session, as a docker archive named as
+    the manifests name it (so a kubelet runs it without a registry); or why it cannot be built here."""
+    lacking = [t for t in BUILD_TOOLS if shutil.which(t) is None]
+    if lacking:
+        return f"no {', '.join(lacking)} to build gpu-tailor's image"
+    out = Path(tempfile.mkdtemp(prefix="gpu-tailor-image-"))
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "build-image.py"), "--out", str(out / "oci.tar"),
+                           "--json", str(out / "built.json")], capture_output=True, text=True, timeout=900,
+                          check=False)
+    if proc.returncode != 0:
+        return f"scripts/build-image.py failed: {proc.stdout}{proc.stderr}"
+    tag = json.loads((out / "built.json").read_text())["tag"]
+    name = manifests_image()
+    _run("skopeo", "copy", "--quiet", f"oci-archive:{out / 'oci.tar'}:{tag}",
+         f"docker-archive:{out / 'image.tar'}:{name}")
+    return name, out / "image.tar"
 
 
 @functools.cache

@@ -50,10 +50,31 @@ from cryptography.x509.oid import NameOID
 from tests.conftest import free_port
 from tests.e2e import images
 from tests.e2e.cluster import ControlPlane, Release, log_tail
-from tests.e2e.kube import Credentials, Kube, Obj, api_path, wait_for, write_token_kubeconfig
+from tests.e2e.kube import Kube, Obj, api_path, wait_for
 
 HOST_TOOLS = ("containerd", "ctr", "runc", "unshare", "nsenter")
 AGENT = [sys.executable, "-m", "gpu_tailor", "agent"]
+# the node's mock NVML (library, profile, runtime overrides), in the node's own /var/lib/kubelet: the agent's pods
+# mount it from there, each node's its own
+MOCK_NVML = "/var/lib/kubelet/mock-nvml"
+AGENT_LABEL = "gpu-tailor.io/e2e-agent"  # the agent DaemonSet runs on the nodes a test labels so
+
+
+def agent_patch(cp: ControlPlane) -> Obj:
+    """The agent DaemonSet as on a GPU node, but for what this machine lacks: the pod reaches the API server on the
+    host's loopback (host networking; no Service routing, no pod network here), NVML is the node's mock (NVIDIA's
+    container toolkit would mount the driver's), and it runs on the nodes a test labels ``AGENT_LABEL``."""
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cp.api_port),
+           "LD_LIBRARY_PATH": MOCK_NVML, "MOCK_NVML_CONFIG": f"{MOCK_NVML}/config.yaml",
+           "MOCK_NVML_OVERRIDES": f"{MOCK_NVML}/overrides.json"}
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "gpu-tailor-agent", "namespace": "gpu-tailor"},
+            "spec": {"template": {"spec": {
+                "hostNetwork": True, "nodeSelector": {AGENT_LABEL: "on"},
+                "containers": [{"name": "agent", "args": ["agent", "--in-cluster", "--interval", "1"],
+                                "env": [{"name": k, "value": v} for k, v in env.items()],
+                                "volumeMounts": [{"name": "mock-nvml", "mountPath": MOCK_NVML, "readOnly": True}]}],
+                "volumes": [{"name": "mock-nvml", "hostPath": {"path": MOCK_NVML, "type": "Directory"}}]}}}}
 CNI_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 NVIDIA_BINARIES = ("nvidia-device-plugin", "gpu-feature-discovery", "libnvidia-ml.so.1")
 DRA_DRIVER = "gpu-kubelet-plugin"  # NVIDIA's DRA driver's kubelet plugin: only the DRA tests need it
@@ -87,6 +108,10 @@ def missing(release: Release, nvidia: bool = True) -> list[str]:
         home = nvidia_home()
         out += [f"{b} in {home / 'bin'}" for b in NVIDIA_BINARIES if not (home / "bin" / b).exists()]
         out += [f"the mock NVML profile {p}" for p in (mock_profile("h100"), mock_profile("t4")) if not p.is_file()]
+    if not out:  # built last: the one slow look-up (about a minute, once per test session)
+        built = images.gpu_tailor()
+        if isinstance(built, str):
+            out.append(f"gpu-tailor's image ({built})")
     return out
 
 
@@ -326,6 +351,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         wait_for(up, 60, f"containerd of {self.name}", interval=0.2)
         for archive in images.archives().values():
             self.ctr("images", "import", str(archive))
+        built = images.gpu_tailor()
+        if isinstance(built, tuple):  # gpu-tailor's own image, as the manifests name it
+            self.ctr("images", "import", str(built[1]))
 
     def start_kubelet(self, release: Release, taints: list[Obj] | None = None) -> None:
         home = self.home
@@ -379,17 +407,28 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self.kube.patch(api_path("nodes", name=self.name), {"spec": {"taints": kept or None}})
 
     # -- NVIDIA's pieces on the mock NVML ----------------------------------------------------------------------
+    @property
+    def mock_nvml(self) -> Path:
+        """The node's ``MOCK_NVML`` as seen from outside its mount namespace."""
+        return self.home / "kubelet" / MOCK_NVML.removeprefix("/var/lib/kubelet/")
+
     def nvml_env(self) -> dict[str, str]:
         """What loads the mock NVML with this node's GPUs (NVIDIA's binaries and nvidia-ml-py alike)."""
-        assert self.gpus is not None
-        return {"LD_LIBRARY_PATH": str(nvidia_home() / "bin"), "MOCK_NVML_CONFIG": str(self.gpus.profile),
+        return {"LD_LIBRARY_PATH": str(self.mock_nvml), "MOCK_NVML_CONFIG": str(self.mock_nvml / "config.yaml"),
                 "MOCK_NVML_OVERRIDES": str(self.overrides)}
+
+    def install_mock_nvml(self, gpus: MockGpus) -> None:
+        self.gpus = gpus
+        self.mock_nvml.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(nvidia_home() / "bin" / "libnvidia-ml.so.1", self.mock_nvml / "libnvidia-ml.so.1")
+        shutil.copy2(gpus.profile, self.mock_nvml / "config.yaml")
+        self.inject(gpus.overrides)
 
     @property
     def overrides(self) -> Path:
         """The mock NVML's runtime overrides (re-read every second by every process that loaded it): where a test
         injects a failure."""
-        return self.home / "nvml-overrides.json"
+        return self.mock_nvml / "overrides.json"
 
     def inject(self, devices: dict[int, Obj]) -> None:
         """Override mock NVML fields per GPU index from now on (``{7: {"failure": {"mode": "lost"}}}``); ``{}``
@@ -419,8 +458,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def start_nvidia(self, gpus: MockGpus) -> None:
         """NVIDIA's device plugin (registered with the kubelet) and gpu-feature-discovery's labels, as NFD would
         apply them, plus ``nvidia.com/gpu.present``, which the GPU operator sets from NFD's PCI labels."""
-        self.gpus = gpus
-        self.inject(gpus.overrides)
+        self.install_mock_nvml(gpus)
         config = self.plugin_config()
         bin_dir = nvidia_home() / "bin"
         labels_file = self.home / "gfd-labels.txt"
@@ -474,8 +512,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def start_dra_driver(self, gpus: MockGpus, kubeconfig: Path) -> Process:
         """NVIDIA's DRA driver's kubelet plugin (``gpu-kubelet-plugin``) on the mock NVML instead of the device plugin:
         it registers with the kubelet and publishes the node's ``gpu.nvidia.com`` ResourceSlices."""
-        self.gpus = gpus
-        self.inject({})
+        self.install_mock_nvml(gpus)
         root = self.driver_root()
         hook = self.home / "nvidia-cdi-hook"  # named in the CDI specs it writes; nothing here runs them
         hook.write_text("#!/bin/sh\nexit 0\n")
@@ -516,27 +553,34 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             held.setdefault(f"{c['namespace']}/{c['name']}", []).extend(c["gpus"])
         return {k: tuple(sorted(v)) for k, v in held.items()}
 
-    def start_agent(self, kube: Kube, creds: Credentials) -> Process:
-        """``gpu-tailor agent`` on this node, with the identity the agent DaemonSet's pod here got from the kubelet
-        (its projected service-account token, bound to that pod), reading the kubelet's real PodResources socket
-        and the mock NVML."""
+    def start_agent(self) -> Obj:
+        """gpu-tailor's node agent on this node, as its DaemonSet runs it: from gpu-tailor's image, with the identity
+        the kubelet projects into its pod, reading the kubelet's real PodResources socket and the mock NVML; once it
+        has written its first report (returned)."""
+        self.kube.patch(api_path("nodes", name=self.name), {"metadata": {"labels": {AGENT_LABEL: "on"}}})
+
         def agent_pod() -> Obj | None:
-            pods = kube.list(api_path("pods", "gpu-tailor"), label_selector="app.kubernetes.io/name=gpu-tailor-agent",
-                             field_selector=f"spec.nodeName={self.name}")
+            pods = self.kube.list(api_path("pods", "gpu-tailor"),
+                                  label_selector="app.kubernetes.io/name=gpu-tailor-agent",
+                                  field_selector=f"spec.nodeName={self.name}")
             running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
             return running[0] if running else None
 
-        pod = wait_for(agent_pod, 90, f"the agent DaemonSet's pod Running on {self.name}", interval=0.5,
-                       context=self.context)
-        assert pod is not None
-        uid = pod["metadata"]["uid"]
-        tokens = list((self.root / "var/lib/kubelet/pods" / uid / "volumes/kubernetes.io~projected")
-                      .glob("*/token"))
-        assert len(tokens) == 1, f"the agent pod {uid} on {self.name} has tokens {tokens}"
-        kubeconfig = self.home / "agent.kubeconfig"
-        write_token_kubeconfig(kubeconfig, creds, "gpu-tailor-agent", tokens[0].read_text())
-        return self.spawn("gpu-tailor-agent", [*AGENT, "--kubeconfig", str(kubeconfig), "--interval", "1"],
-                          env=self._agent_env())
+        wait_for(agent_pod, 90, f"the agent DaemonSet's pod Running on {self.name}", interval=0.5,
+                 context=self.context)
+        report = api_path("nodegpureports", name=self.name, group="gpu-tailor.io/v1alpha1")
+        found = wait_for(lambda: self.kube.get(report) if self.kube.exists(report) else None, 60,
+                         f"the agent on {self.name} to write its report", interval=0.5, context=self.context)
+        assert found is not None
+        return found
+
+    def stop_agent(self) -> None:
+        """The DaemonSet's pod leaves this node (its label removed) and is gone."""
+        self.kube.patch(api_path("nodes", name=self.name), {"metadata": {"labels": {AGENT_LABEL: None}}})
+        wait_for(lambda: not self.kube.list(api_path("pods", "gpu-tailor"),
+                                            label_selector="app.kubernetes.io/name=gpu-tailor-agent",
+                                            field_selector=f"spec.nodeName={self.name}"), 90,
+                 f"the agent's pod gone from {self.name}", interval=0.5)
 
     # -- tear down ---------------------------------------------------------------------------------------------
     def _namespace_pids(self) -> list[int]:

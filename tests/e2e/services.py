@@ -237,12 +237,12 @@ def _gpu_tailor_argv(rendered: Rendered, deployment: str, container: str, listen
 
 
 def install(cp: ControlPlane, kube: Kube, workdir: Path, webhook_port: int, nodes: bool = True,
-            agent_stand_in: str | None = None) -> Rendered:
+            agent: Callable[[ControlPlane], Obj] | None = None) -> Rendered:
     """manifests/ applied through the overlay that points the webhook at 127.0.0.1, the two namespaces
-    and the fixture nodes (``nodes``): what every run on the control plane starts from. ``agent_stand_in``: see
-    ``write_overlay``."""
+    and the fixture nodes (``nodes``): what every run on the control plane starts from. ``agent``: the agent
+    DaemonSet's patch for ``cp`` (see ``write_overlay``)."""
     overlay = workdir / "overlay"
-    write_overlay(overlay, f"https://127.0.0.1:{webhook_port}/mutate", agent_stand_in)
+    write_overlay(overlay, f"https://127.0.0.1:{webhook_port}/mutate", agent(cp) if agent else None)
     cp.kubectl("apply", "-k", str(overlay))
     rendered = render(cp, overlay)
     create_namespace(kube, OPTED_IN, {"gpu-tailor.io/enabled": "true"})

@@ -28,7 +28,7 @@ from gpu_tailor.tools.source import Cluster, read_live
 from gpu_tailor.webhook.config import AdmissionPolicy
 from tests.e2e import images, realnode
 from tests.e2e.cluster import OPTED_IN, Release
-from tests.e2e.kube import Kube, Obj, api_path, load_kubeconfig, wait_for
+from tests.e2e.kube import Kube, Obj, api_path, wait_for
 from tests.e2e.pods import unique
 from tests.e2e.realnode import MockGpus, RealNode, mock_profile, real_node
 from tests.e2e.services import Stack, control_plane_with_gpu_tailor, install
@@ -61,7 +61,7 @@ def real(release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     if lacking:
         pytest.skip(f"no real GPU node on this machine: it lacks {'; '.join(lacking)}")
     work = tmp_path_factory.mktemp(f"real-{release.version}")
-    installer = functools.partial(install, nodes=False, agent_stand_in=images.BUSYBOX)
+    installer = functools.partial(install, nodes=False, agent=realnode.agent_patch)
     with control_plane_with_gpu_tailor(release, work, installer, admission_probe=False) as stack, ExitStack() as up:
         hgx = up.enter_context(real_node(HGX, stack.cp, stack.kube, release, work / "nodes", taints=[MANAGED]))
         hgx.start_nvidia(MockGpus(mock_profile("h100")))
@@ -221,11 +221,10 @@ def test_whole_gpus_and_replicas_without_the_agent(real: Real) -> None:
 
 
 def test_whole_gpus_and_replicas_with_the_agent(real: Real) -> None:
-    """The node agent on both nodes, with the identity its DaemonSet pod gets from the kubelet: the reports settle
-    every pod on the GPUs it holds, and no prediction is contradicted."""
-    creds = load_kubeconfig(real.stack.cp.kubeconfig)
+    """The node agent on both nodes, as its DaemonSet runs it from gpu-tailor's image, with the identity the kubelet
+    gives its pod: the reports settle every pod on the GPUs it holds, and no prediction is contradicted."""
     for node in real.nodes.values():
-        node.start_agent(real.kube, creds)
+        node.start_agent()
     real.agents = True
     real.seen.clear()
     whole_gpu_rounds(real)
@@ -239,13 +238,13 @@ def test_a_mig_node_sells_the_gpus_not_in_mig_mode_whole(real: Real, release: Re
     counts; the agent's report says which, and whole-GPU pods go to GPUs 4-7, recorded there."""
     mig = {"mig": {"mode_current": "enabled", "mode_pending": "enabled", "max_gpu_instances": 7}}
     name = "mig-0"
-    creds, agents = load_kubeconfig(real.stack.cp.kubeconfig), real.agents
+    agents = real.agents
     with real_node(name, real.stack.cp, real.kube, release, real.nodes[HGX].home.parent, taints=[MANAGED]) as node:
         try:
             node.start_nvidia(MockGpus(mock_profile("h100"), mig_strategy="mixed",
                                        overrides={i: mig for i in range(4)}))
             assert node.gfd_labels["nvidia.com/mig.strategy"] == "mixed"
-            node.start_agent(real.kube, creds)
+            node.start_agent()
             real.nodes[name], real.agents = node, True
             report = api_path("nodegpureports", name=name, group="gpu-tailor.io/v1alpha1")
             wait_for(lambda: [g.get("healthy") for g in real.kube.get(report)["spec"].get("gpus") or []] ==
@@ -286,9 +285,8 @@ def test_a_lost_gpu_is_no_longer_placed_on_and_explain_names_it(real: Real) -> N
     back, an 8-GPU pod runs."""
     node = real.nodes[HGX]
     if not real.agents:  # run alone: the agent is what tells which GPU is gone
-        creds = load_kubeconfig(real.stack.cp.kubeconfig)
         for n in real.nodes.values():
-            n.start_agent(real.kube, creds)
+            n.start_agent()
         real.agents = True
     report = api_path("nodegpureports", name=HGX, group="gpu-tailor.io/v1alpha1")
 
@@ -409,8 +407,7 @@ def test_a_drained_and_removed_node_leaves_nothing_behind(real: Real) -> None:
              "the evicted pods gone", interval=0.2, context=lambda: context(real))
     assert real.nodes[HGX].allocated() == {}
     node = real.nodes[HGX]
-    node.stop("gpu-tailor-agent")
-    node.stop("kubelet")
+    node.stop("kubelet")  # the agent's DaemonSet pod goes with the Node (its pods are collected)
     real.kube.delete(api_path("nodes", name=HGX))
     report = api_path("nodegpureports", name=HGX, group="gpu-tailor.io/v1alpha1")
     wait_for(lambda: not real.kube.exists(report), 60, f"{HGX}'s NodeGPUReport collected with its Node",
