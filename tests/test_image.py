@@ -10,7 +10,6 @@ import os
 import shutil
 import ssl
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,10 +19,10 @@ import pytest
 
 from gpu_tailor.certs.authority import Names, ensure
 from tests.conftest import free_port, review_fixture
+from tests.e2e import images
 from tests.e2e.kube import wait_for
 from tests.webhook.test_process import write_cluster_file
 
-REPO = Path(__file__).resolve().parents[1]
 TOOLS = ("runc", "umoci", "skopeo", "apt-get", "dpkg-deb")
 LIMIT_MIB = 250
 
@@ -33,14 +32,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     lacking = [t for t in TOOLS if shutil.which(t) is None] + ([] if os.geteuid() == 0 else ["root"])
     if lacking:
         pytest.skip(f"cannot build and run the image here: no {', '.join(lacking)}")
-    out = tmp_path_factory.mktemp("image")
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "build-image.py"), "--out", str(out / "image.tar"),
-                           "--json", str(out / "built.json")], capture_output=True, text=True, timeout=900,
-                          check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    said: dict[str, Any] = json.loads((out / "built.json").read_text())
-    said["dir"] = out
-    return said
+    image = images.built()  # shared with the real nodes' agent (tests/e2e/test_real_node.py)
+    if isinstance(image, str):
+        pytest.fail(image)
+    return {**image, "dir": tmp_path_factory.mktemp("image")}
 
 
 def bundle(built: dict[str, Any], name: str) -> Path:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -69,9 +70,9 @@ def manifests_image() -> str:
 
 
 @functools.cache
-def gpu_tailor() -> tuple[str, Path] | str:
-    """gpu-tailor's own image, built by ``scripts/build-image.py`` once per test session, as a docker archive named as
-    the manifests name it (so a kubelet runs it without a registry); or why it cannot be built here."""
+def built() -> dict[str, Any] | str:
+    """gpu-tailor's own image as ``scripts/build-image.py`` builds it (once per test session): what it printed as
+    JSON (``archive``, ``tag``, ``unpacked_bytes`` ...); or why it cannot be built here."""
     lacking = [t for t in BUILD_TOOLS if shutil.which(t) is None]
     if lacking:
         return f"no {', '.join(lacking)} to build gpu-tailor's image"
@@ -81,11 +82,21 @@ def gpu_tailor() -> tuple[str, Path] | str:
                           check=False)
     if proc.returncode != 0:
         return f"scripts/build-image.py failed: {proc.stdout}{proc.stderr}"
-    tag = json.loads((out / "built.json").read_text())["tag"]
-    name = manifests_image()
-    _run("skopeo", "copy", "--quiet", f"oci-archive:{out / 'oci.tar'}:{tag}",
-         f"docker-archive:{out / 'image.tar'}:{name}")
-    return name, out / "image.tar"
+    said: dict[str, Any] = json.loads((out / "built.json").read_text())
+    return said
+
+
+@functools.cache
+def gpu_tailor() -> tuple[str, Path] | str:
+    """gpu-tailor's own image as a docker archive named as the manifests name it (so a kubelet runs it without a
+    registry); or why it cannot be built here."""
+    image = built()
+    if isinstance(image, str):
+        return image
+    name, archive = manifests_image(), Path(image["archive"]).with_name("image.tar")
+    _run("skopeo", "copy", "--quiet", f"oci-archive:{image['archive']}:{image['tag']}",
+         f"docker-archive:{archive}:{name}")
+    return name, archive
 
 
 @functools.cache
