@@ -15,11 +15,12 @@ import logging
 import os
 import signal
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
@@ -103,11 +104,12 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/livez", "/metrics"})
 
 
-def add_probes(app: web.Application, ready: Callable[[web.Application], bool], not_ready: str,
+def add_probes(app: web.Application, service: str, ready: Callable[[web.Application], bool], not_ready: str,
                registry: Callable[[web.Application], CollectorRegistry],
                unhealthy: Callable[[web.Application], str | None] | None = None) -> None:
     """``/healthz`` (alive: 503 with ``unhealthy``'s reason when it gives one), ``/readyz`` (503 with
-    ``not_ready`` until synced) and ``/metrics``."""
+    ``not_ready`` until synced) and ``/metrics``, which says what ``/readyz`` would as ``gpu_tailor_ready{service}`` (1
+    or 0), so that an alert can tell a replica that answers but is not ready."""
 
     async def healthz(request: web.Request) -> web.Response:
         why = unhealthy(request.app) if unhealthy is not None else None
@@ -117,6 +119,9 @@ def add_probes(app: web.Application, ready: Callable[[web.Application], bool], n
 
     app[LIFECYCLE] = Lifecycle()
 
+    def is_ready(app: web.Application) -> bool:
+        return not app[LIFECYCLE].stopping and ready(app)
+
     async def readyz(request: web.Request) -> web.Response:
         if request.app[LIFECYCLE].stopping:
             return web.Response(status=503, text="shutting down")
@@ -125,12 +130,25 @@ def add_probes(app: web.Application, ready: Callable[[web.Application], bool], n
         return web.Response(status=503, text=not_ready)
 
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry(request.app)),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+        body = generate_latest(registry(request.app)) + generate_latest(_Ready(service, is_ready(request.app)))
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+
+
+class _Ready:
+    """``gpu_tailor_ready``, as a registry of its own appended to a scrape: the services' registries are theirs."""
+
+    def __init__(self, service: str, ready: bool) -> None:
+        self.service, self.ready = service, ready
+
+    def collect(self) -> Iterator[Metric]:
+        g = GaugeMetricFamily("gpu_tailor_ready", "1 while /readyz answers 200 (synced, not shutting down), else 0",
+                              labels=["service"])
+        g.add_metric([self.service], 1.0 if self.ready else 0.0)
+        yield g
 
 
 def probes_only(port: int) -> Middleware:

@@ -28,7 +28,7 @@ def app_with(slow: Slow) -> web.Application:
     app = web.Application()
     app.router.add_get("/slow", slow.handler)
     registry = CollectorRegistry()
-    add_probes(app, lambda a: True, "never", lambda a: registry)
+    add_probes(app, "test", lambda a: True, "never", lambda a: registry)
     return app
 
 
@@ -56,10 +56,14 @@ async def test_stop_turns_readiness_off_but_keeps_serving_during_the_drain() -> 
         await until_listening(session, base)
         async with session.get(f"{base}/readyz") as resp:
             assert resp.status == 200
+        async with session.get(f"{base}/metrics") as resp:
+            assert 'gpu_tailor_ready{service="test"} 1.0' in await resp.text()
         stop.set()
         await asyncio.sleep(0)  # let the server see the stop
         async with session.get(f"{base}/readyz") as resp:
             assert resp.status == 503 and await resp.text() == "shutting down"
+        async with session.get(f"{base}/metrics") as resp:  # what /readyz says, for alerts
+            assert 'gpu_tailor_ready{service="test"} 0.0' in await resp.text()
         async with session.get(f"{base}/healthz") as resp:  # still alive and serving
             assert resp.status == 200
     server.cancel()

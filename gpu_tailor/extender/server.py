@@ -349,7 +349,8 @@ def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT
     app.router.add_post("/prioritize", _verb("prioritize", _prioritize))
     app.router.add_post("/bind", _verb("bind", _bind))
     app.router.add_post("/preempt", _verb("preempt", _preempt))
-    add_probes(app, lambda a: a[CACHE].ready, "not synced with the API server yet, or a watch has gone quiet",
+    add_probes(app, "extender", lambda a: a[CACHE].ready,
+               "not synced with the API server yet, or a watch has gone quiet",
                lambda a: a[METRICS].registry, lambda a: a[STEP_DOWN].why())
     app.router.add_get("/livez", livez)
     return app

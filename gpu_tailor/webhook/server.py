@@ -245,7 +245,7 @@ def make_app(view: ClusterView, templates: Templates | None = None, agents: str 
     app[REPORTS] = ReportCheck(agents)
     app.router.add_post("/mutate", mutate)
     app.router.add_post("/reports", review_report)
-    add_probes(app, _ready, "nodes and pods not listed yet", lambda a: a[METRICS].registry)
+    add_probes(app, "webhook", _ready, "nodes and pods not listed yet", lambda a: a[METRICS].registry)
     return app
 
 
