@@ -6,6 +6,7 @@ one with ``--create-namespace``), so the two cannot drift; each value people cha
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +154,25 @@ def test_a_webhook_run_outside_the_cluster_is_called_at_its_url_on_each_entrys_p
                                                ("webhok.replicas=3", "webhok"),
                                                ("webhook.timeoutSeconds=60", "/webhook/timeoutSeconds"),
                                                ("webhook.url=http://127.0.0.1:9443", "/webhook/url"),
-                                               ("webhook.url=https://127.0.0.1:9443/mutate", "/webhook/url")])
+                                               ("webhook.url=https://127.0.0.1:9443/mutate", "/webhook/url"),
+                                               ("webhook.config.cpuOnlyPod=false", "cpuOnlyPod"),
+                                               ("webhook.config.onMismatch=ignore", "/webhook/config/onMismatch"),
+                                               ("scheduler.extender.config.ties=random",
+                                                "/scheduler/extender/config/ties"),
+                                               ("scheduler.extender.config.prior.weigth=3", "weigth")])
 def test_the_values_schema_refuses_what_would_break_the_install(setting: str, says: str) -> None:
     out = template("--set", setting, check=False)
     assert out.returncode != 0 and says in out.stderr, out.stderr
+
+
+def test_the_config_schemas_in_the_chart_are_the_models_that_read_the_configs() -> None:
+    """``values.schema.json`` holds the webhook's and the extender's ``--config`` schemas as their models give them
+    (``scripts/chart-schema.py`` writes them): a key the services would refuse is refused before anything renders."""
+    proc = subprocess.run([sys.executable, str(CHART.parents[1] / "scripts" / "chart-schema.py"), "--check"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ok = template("--set", "webhook.config.cpuOnlyPods=false", "--set", "scheduler.extender.config.ties=whole",
+                  "--set", "webhook.config.offerings[0].backing=mig", "--set",
+                  "webhook.config.offerings[0].product=NVIDIA-H100-80GB-HBM3", "--set",
+                  "webhook.config.offerings[0].migProfile=1g.10gb", check=False)
+    assert ok.returncode == 0, ok.stderr
