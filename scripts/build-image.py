@@ -32,9 +32,11 @@ PYTHON = "python3.11"
 # Debian's Python 3.11 and the C++ runtime manylinux wheels (grpcio, numpy) link against; their dependencies are
 # looked up with apt-cache, less what only a package manager or another language needs
 ROOTS = ("python3.11-minimal", "libpython3.11-stdlib", "libstdc++6", "netbase")
+# (and readline, gdbm: only Python's readline and dbm.gnu modules load them, which no program of the image imports)
 NOT_IN_IMAGE = frozenset({"dpkg", "install-info", "tar", "perl", "perl-base", "perl-modules-5.36", "libperl5.36",
-                          "libgdbm-compat4", "mailcap", "mime-support", "debconf", "readline-common"})
-DROP = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/lintian", "usr/share/locale",
+                          "libgdbm-compat4", "mailcap", "mime-support", "debconf", "readline-common", "libreadline8",
+                          "libgdbm6"})
+DROP = ("usr/share/man", "usr/share/info", "usr/share/lintian", "usr/share/locale",
         "usr/lib/python3.11/test", "usr/lib/python3.11/idlelib", "usr/lib/python3.11/tkinter",
         "usr/lib/python3.11/ensurepip", "usr/lib/python3.11/lib2to3", "usr/lib/python3.11/pydoc_data")
 UID = 65532
@@ -66,6 +68,10 @@ def debian_root(root: Path, debs: Path) -> list[str]:
         got.append(deb.name.removesuffix(".deb"))
     for sub in DROP:
         shutil.rmtree(root / sub, ignore_errors=True)
+    # each package's copyright file stays (its licence travels with it); the rest of its documentation goes
+    for doc in (root / "usr/share/doc").glob("*/*"):
+        if doc.name != "copyright":
+            shutil.rmtree(doc) if doc.is_dir() and not doc.is_symlink() else doc.unlink()
     return got
 
 
@@ -116,6 +122,8 @@ def image(root: Path, work: Path, out: Path, ver: str, debs: list[str]) -> None:
     labels = {"org.opencontainers.image.title": "gpu-tailor", "org.opencontainers.image.version": ver,
               "org.opencontainers.image.description": "Portable GPU asks for Kubernetes: admission webhook, "
               "scheduler extender and node agent",
+              # gpu-tailor's; the Debian packages' and the wheels' licences are in the image beside them
+              # (/usr/share/doc/*/copyright, each wheel's *.dist-info)
               "org.opencontainers.image.licenses": "Apache-2.0",
               "io.gpu-tailor.debian-packages": " ".join(debs)}
     run("umoci", "config", "--image", f"{layout}:{tag}", "--clear=config.env", "--clear=config.cmd",

@@ -348,8 +348,8 @@ class Cache:
             # GPUs stays unknown until they agree. Where the report leaves fewer, it names GPUs the driver lost that
             # the device plugin still sells (it learns of a loss from an Xid event, or at its next start): a pod
             # placed there would fail, so they are not placed on
-            log.info("node %s: its report marks %d of %d GPUs unsold, its allocatable %d", state.name, len(unhealthy),
-                     len(gpus.slots), len(gpus.slots) - state.inventory.usable_gpus)
+            log.info("node %s: its report marks %d of %d GPUs unsold, its allocatable %d unsold", state.name,
+                     len(unhealthy), len(gpus.slots), len(gpus.slots) - state.inventory.usable_gpus)
             unhealthy = None
         gpus.set_unhealthy(unhealthy)
         peers = report.peers(len(gpus.slots))

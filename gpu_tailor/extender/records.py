@@ -230,7 +230,10 @@ def confirmed(assumed: PodRecord, seen: PodRecord) -> PodRecord:
 
 def kept(old: PodRecord, seen: PodRecord) -> PodRecord:
     """The pod as the API shows it now, on the node it was on: its GPUs stay unless its annotation
-    names others (or it asks for something else)."""
-    if seen.demand != old.demand or (seen.recorded is not None and seen.recorded != holds(old.placement)):
+    changed to name others (or it asks for something else). An annotation read before names what bind picked, which a
+    node agent's report may since have replaced: the same annotation again is no news."""
+    renamed = (seen.recorded is not None and seen.recorded != holds(old.placement)
+               and (seen.recorded, seen.among) != (old.recorded, old.among))
+    if seen.demand != old.demand or renamed:
         return seen
     return replace(seen, placement=old.placement)

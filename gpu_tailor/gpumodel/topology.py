@@ -78,7 +78,7 @@ class GpuTopology:
             return None
         if k == len(pool):
             return tuple(pool), frozenset(pool)
-        if k == 1 or self._alike(pool):
+        if k == 1 or self.alike(pool):
             return tuple(pool[:k]), frozenset(pool)
         if comb(len(pool), k) <= EXHAUSTIVE_LIMIT:
             best: tuple[int, ...] = ()
@@ -94,7 +94,7 @@ class GpuTopology:
         chosen = self._greedy(pool, k)
         return chosen, frozenset(chosen)
 
-    def _alike(self, pool: Sequence[int]) -> bool:
+    def alike(self, pool: Sequence[int]) -> bool:
         """Every pair of ``pool`` linked alike (an NVSwitch board, one PCIe switch): every set scores the same."""
         s = self.scores
         pairs = {s[a][b] for a, b in combinations(pool, 2)}

@@ -7,6 +7,7 @@ and ``PAUSE``, the sandbox image a real node's containerd is told to use (busybo
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import shutil
@@ -22,6 +23,13 @@ BUSYBOX = "gpu-tailor.test/busybox:1.35"
 PAUSE = "gpu-tailor.test/pause:1"
 TOOLS = ("busybox", "umoci", "skopeo")
 APPLETS = ("sh", "sleep", "cat", "env", "ls", "echo", "true", "wget")
+
+
+def _scratch(prefix: str) -> Path:
+    """A folder removed when the test session ends (the archives are tens of MiB)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def missing_tools() -> list[str]:
@@ -76,7 +84,7 @@ def built() -> dict[str, Any] | str:
     lacking = [t for t in BUILD_TOOLS if shutil.which(t) is None]
     if lacking:
         return f"no {', '.join(lacking)} to build gpu-tailor's image"
-    out = Path(tempfile.mkdtemp(prefix="gpu-tailor-image-"))
+    out = _scratch("gpu-tailor-image-")
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "build-image.py"), "--out", str(out / "oci.tar"),
                            "--json", str(out / "built.json")], capture_output=True, text=True, timeout=900,
                           check=False)
@@ -103,7 +111,7 @@ def gpu_tailor() -> tuple[str, Path] | str:
 def archives() -> dict[str, Path]:
     """Each image name to a docker archive of it, built once per test session."""
     busybox = _static_busybox()
-    out = Path(tempfile.mkdtemp(prefix="gpu-tailor-images-"))
+    out = _scratch("gpu-tailor-images-")
     layout = out / "oci"
     _run("umoci", "init", "--layout", str(layout))
     found: dict[str, Path] = {}

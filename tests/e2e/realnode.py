@@ -584,13 +584,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     # -- tear down ---------------------------------------------------------------------------------------------
     def _namespace_pids(self) -> list[int]:
-        """Every process in this node's mount namespace (containerd's shims and the pods' processes too)."""
-        if self.holder is None:
+        """Every process in this node's mount namespace (containerd's shims); none once its holder has ended (its
+        pid may be another process's by then)."""
+        if self.holder is None or self.holder.poll() is not None:
             return []
         try:
             mine = os.readlink(f"/proc/{self.holder.pid}/ns/mnt")
         except OSError:
             return []
+        if mine == os.readlink("/proc/self/ns/mnt"):
+            return []  # never the host's own namespace
         pids = []
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
@@ -601,10 +604,27 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
                     continue
         return pids
 
+    def _cgroup_pids(self) -> list[int]:
+        """Every process in the node's cgroup root: its pods' containers, which runc gives mount namespaces of their
+        own."""
+        pids: set[int] = set()
+        for hierarchy in _cgroup_v1_roots() if self.cgroup else ():
+            top = hierarchy / self.cgroup.lstrip("/")
+            for procs in top.rglob("cgroup.procs") if top.is_dir() else ():
+                with contextlib.suppress(OSError):
+                    pids.update(int(p) for p in procs.read_text().split())
+        return sorted(pids)
+
     def down(self) -> None:
         for name in [n for n in self.procs if n not in ("kubelet", "containerd")]:
             self.stop(name)
         self.stop("kubelet")
+        for pid in self._cgroup_pids():  # the containers the kubelet left running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self._cgroup_pids():
+            time.sleep(0.1)
         self.stop("containerd")
         # containerd leaves its shims and the containers running: end everything in the namespace, holder last
         holder = self.holder.pid if self.holder else None
@@ -620,6 +640,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             self.holder.wait(timeout=30)
         self.remove_cgroup_root()
         _unmount_under(self.home)
+        left = self._cgroup_pids()
+        assert not left, f"processes {left} outlived node {self.name}"
 
 
 def _unmount_under(path: Path) -> None:

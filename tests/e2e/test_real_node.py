@@ -199,6 +199,8 @@ def whole_gpu_rounds(real: Real) -> None:
     delete(real, [first[0], first[3], *rest])
     delete(real, [ask({labels.GPU_MILLI: "8000"})])
     delete(real, [ask({labels.GPU_MILLI: str(1000 * n)}) for n in (2, 2, 4)])
+    # an empty board: no pick is left unsure, every GPU is named free again
+    assert picture(real).nodes[HGX].gpus.surely_free() == list(range(8))
 
 
 def quarter_burst(real: Real, count: int = 12) -> None:

@@ -330,3 +330,25 @@ def test_a_pick_among_equals_is_recorded_as_the_set_and_read_back() -> None:
     assert state.surely_free() == [0, 1, 4, 5]
     after = verbs.plan_bind(restarted.snapshot(), restarted.pods["gpu-jobs/train-gpu4-b"], HGX)
     assert (after.gpus, after.among) == ("0,1,4,5", None)  # known now: the one set left
+
+
+def test_a_pod_settled_by_a_report_is_not_placed_again_on_each_event() -> None:
+    """A report puts the pod on other GPUs than bind's annotation names (a pick within the set): the pod's later
+    events, with the same annotation, change nothing on its node."""
+    cache = cluster()
+    rec = cache.pending(KEY, "")
+    assert rec is not None
+    plan = verbs.plan_bind(cache.snapshot(), rec, HGX)
+    seen = bound(pod_of("filter-nodecache-true-pod-gpu4"), HGX, plan.gpus)
+    seen["metadata"]["annotations"][labels.ANN_GPUS_AMONG] = plan.among
+    cache.apply_pod("MODIFIED", seen)
+    cache.apply_report("ADDED", {"metadata": {"name": HGX}, "spec": {
+        "node": HGX, "observedAt": "2026-11-26T12:00:00Z", "gpus": [{"index": i, "healthy": True} for i in range(8)],
+        "pods": [{"namespace": "gpu-jobs", "name": "train-gpu4", "container": "main", "resource": "nvidia.com/gpu",
+                  "gpus": [2, 3, 6, 7]}]}})
+    generation = cache.generation[HGX]
+    for _ in range(3):  # status updates, as a kubelet writes them
+        seen = copy.deepcopy(seen)
+        seen["metadata"]["resourceVersion"] = str(int(seen["metadata"]["resourceVersion"]) + 1)
+        cache.apply_pod("MODIFIED", seen)
+    assert cache.generation[HGX] == generation and holds(cache, KEY) == (2, 3, 6, 7)

@@ -141,3 +141,21 @@ def test_a_replica_picked_among_equals_leaves_the_next_unsure() -> None:
     assert t4.predict_replicas(1, 250) == ((1,), (0, 1, 2, 3))
     t4.place("r0", Placement((2,), milli=250, whole=False, replicas=1))  # reported on GPU 2
     assert t4.predict_replicas(1, 250) == ((0,), (0, 1, 3))
+
+
+def test_an_nvlink_promise_is_not_made_on_gpus_a_pick_among_equals_may_have_taken() -> None:
+    """NVLink pairs 0-1 and 2-3; two 1-GPU pods each went to any GPU. The picture's free pair 2-3 may really be 1 and
+    3: an NVLink pair of 2 cannot be promised until a report says which are free."""
+    from gpu_tailor.gpumodel.devices.whole import WholeGpus, whole_offering
+
+    node = NodeGpus(4, 16384, nvlink_pairs(4))
+    for pod in ("a", "b"):
+        where, maybe = node.predict_whole_among(1) or ((), ())
+        node.place(pod, Placement(where, maybe=maybe))
+    assert node.unsure() == {0, 1, 2, 3} and node.free_whole() == [2, 3]
+    refused = WholeGpus().fit(whole_offering(4, 16384), node, 2, 2, nvlink=True)
+    assert not refused.ok and "a node agent's report would tell" in refused.reason
+    node.place("a", Placement((0,)))  # reported
+    node.place("b", Placement((1,)))
+    placed = WholeGpus().fit(whole_offering(4, 16384), node, 2, 2, nvlink=True)
+    assert placed.ok and placed.placement is not None and placed.placement.gpus == (2, 3)

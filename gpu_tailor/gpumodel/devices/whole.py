@@ -64,6 +64,14 @@ class WholeGpus(Device):
         if nvlink and units > 1 and not gpus.per_gpu_known:
             return Fit(False, f"{len(gpus.slots) - gpus.usable} GPUs are not sold and which ones is not known: no "
                        f"NVLink-connected set of {units} GPUs can be promised (a node agent's report would tell)")
+        unsure = gpus.unsure() if nvlink and units > 1 else frozenset()
+        if unsure & set(free) and not gpus.topology.alike(sorted(unsure | set(free))):
+            # earlier picks among equals may have left other GPUs free than the picture shows, and here it matters
+            surely = gpus.surely_free()
+            if gpus.topology.largest_nvlink_set(surely) < units:
+                return Fit(False, f"which of the {len(free)} free GPUs are free is not known (the device plugin picked "
+                           f"among equals before): no NVLink-connected set of {units} can be promised (a node agent's "
+                           "report would tell)")
         if nvlink and units > 1:
             found = gpus.predict_whole_among(units)
             best = found[0] if found is not None else None
