@@ -302,6 +302,8 @@ class RealNode:
                     d.rmdir()
             with contextlib.suppress(OSError):
                 top.rmdir()
+            with contextlib.suppress(OSError):  # the parent too, once no other node's is in it
+                top.parent.rmdir()
 
     def start_containerd(self) -> None:
         cni = cni_dir()
