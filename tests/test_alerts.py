@@ -49,6 +49,16 @@ def bucket(le: str, values: str) -> dict[str, str]:
     return {"series": f'gpu_tailor_webhook_review_seconds_bucket{{namespace="{NS}", le="{le}"}}', "values": values}
 
 
+def staleness(values: str) -> dict[str, str]:
+    return {"series": f'gpu_tailor_extender_watch_staleness_seconds{{namespace="{NS}", pod="e-0", resource="pods"}}',
+            "values": values}
+
+
+def binds(outcome: str, values: str) -> dict[str, str]:
+    return {"series": f'gpu_tailor_extender_requests_total{{namespace="{NS}", verb="bind", outcome="{outcome}"}}',
+            "values": values}
+
+
 def ready(service: str, values: str) -> dict[str, str]:
     return {"series": f'gpu_tailor_ready{{service="{service}", namespace="{NS}", pod="{service}-0"}}',
             "values": values}
@@ -64,22 +74,14 @@ def test_each_alert_fires_when_it_should_and_not_otherwise(tmp_path: Path) -> No
         # all well: both ready, watches fresh, binds succeed, answers fast
         {"interval": "1m", "input_series": [
             ready("webhook", "1x30"), ready("extender", "1x30"),
-            {"series": f'gpu_tailor_extender_watch_staleness_seconds{{namespace="{NS}", pod="e-0", resource="pods"}}',
-             "values": "5x30"},
-            {"series": f'gpu_tailor_extender_requests_total{{namespace="{NS}", verb="bind", outcome="ok"}}',
-             "values": "0+10x30"},
+            staleness("5x30"), binds("ok", "0+10x30"),
             bucket("0.01", "0+100x30"),
             bucket("+Inf", "0+100x30"),
         ], "alert_rule_test": quiet},
         # both answer /metrics but are not ready; a watch quiet for 400 s; half the binds fail; answers near 5 s
         {"interval": "1m", "input_series": [
             ready("webhook", "0x30"), ready("extender", "0x30"),
-            {"series": f'gpu_tailor_extender_watch_staleness_seconds{{namespace="{NS}", pod="e-0", resource="pods"}}',
-             "values": "400x30"},
-            {"series": f'gpu_tailor_extender_requests_total{{namespace="{NS}", verb="bind", outcome="ok"}}',
-             "values": "0+10x30"},
-            {"series": f'gpu_tailor_extender_requests_total{{namespace="{NS}", verb="bind", outcome="error"}}',
-             "values": "0+10x30"},
+            staleness("400x30"), binds("ok", "0+10x30"), binds("error", "0+10x30"),
             bucket("2.5", "0+0x30"),
             bucket("5.0", "0+100x30"),
             bucket("+Inf", "0+100x30"),

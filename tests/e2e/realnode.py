@@ -60,6 +60,14 @@ MOCK_NVML = "/var/lib/kubelet/mock-nvml"
 AGENT_LABEL = "gpu-tailor.io/e2e-agent"  # the agent DaemonSet runs on the nodes a test labels so
 
 
+def held_by_pod(report: Obj) -> dict[str, tuple[int, ...]]:
+    """A NodeGPUReport's GPUs per pod (``namespace/name``), its containers' added up, sorted."""
+    held: dict[str, list[int]] = {}
+    for c in report["spec"].get("pods") or []:
+        held.setdefault(f"{c['namespace']}/{c['name']}", []).extend(c["gpus"])
+    return {k: tuple(sorted(v)) for k, v in held.items()}
+
+
 def agent_patch(cp: ControlPlane) -> Obj:
     """The agent DaemonSet as on a GPU node, but for what this machine lacks: the pod reaches the API server on the
     host's loopback (host networking; no Service routing, no pod network here), NVML is the node's mock (NVIDIA's
@@ -550,10 +558,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             raise AssertionError(f"gpu-tailor agent --once on {self.name} failed ({proc.returncode}): {proc.stderr}")
         report = json.loads(proc.stdout)
         assert not report["spec"].get("unmapped"), report["spec"]["unmapped"]
-        held: dict[str, list[int]] = {}
-        for c in report["spec"].get("pods") or []:
-            held.setdefault(f"{c['namespace']}/{c['name']}", []).extend(c["gpus"])
-        return {k: tuple(sorted(v)) for k, v in held.items()}
+        return held_by_pod(report)
 
     def start_agent(self) -> Obj:
         """gpu-tailor's node agent on this node, as its DaemonSet runs it: from gpu-tailor's image, with the identity
@@ -562,10 +567,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self.kube.patch(api_path("nodes", name=self.name), {"metadata": {"labels": {AGENT_LABEL: "on"}}})
 
         def agent_pod() -> Obj | None:
-            pods = self.kube.list(api_path("pods", "gpu-tailor"),
-                                  label_selector="app.kubernetes.io/name=gpu-tailor-agent",
-                                  field_selector=f"spec.nodeName={self.name}")
-            running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+            running = [p for p in self._agent_pods() if (p.get("status") or {}).get("phase") == "Running"]
             return running[0] if running else None
 
         wait_for(agent_pod, 90, f"the agent DaemonSet's pod Running on {self.name}", interval=0.5,
@@ -576,13 +578,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         assert found is not None
         return found
 
-    def stop_agent(self) -> None:
-        """The DaemonSet's pod leaves this node (its label removed) and is gone."""
-        self.kube.patch(api_path("nodes", name=self.name), {"metadata": {"labels": {AGENT_LABEL: None}}})
-        wait_for(lambda: not self.kube.list(api_path("pods", "gpu-tailor"),
-                                            label_selector="app.kubernetes.io/name=gpu-tailor-agent",
-                                            field_selector=f"spec.nodeName={self.name}"), 90,
-                 f"the agent's pod gone from {self.name}", interval=0.5)
+    def _agent_pods(self) -> list[Obj]:
+        return self.kube.list(api_path("pods", "gpu-tailor"), label_selector="app.kubernetes.io/name=gpu-tailor-agent",
+                              field_selector=f"spec.nodeName={self.name}")
 
     # -- tear down ---------------------------------------------------------------------------------------------
     def _namespace_pids(self) -> list[int]:

@@ -127,9 +127,14 @@ def explain_table(pod: Obj, cluster: Cluster) -> str:
     return table(explain(pod, f"pod {pod['metadata']['name']}", cluster, AdmissionPolicy()))
 
 
-def contradictions(real: Real) -> float:
+def metrics(real: Real) -> str:
+    """The extender's /metrics."""
     with urllib.request.urlopen(real.stack.extender_probes + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
+        return str(resp.read().decode())
+
+
+def contradictions(real: Real) -> float:
+    text = metrics(real)
     found = re.search(r"^gpu_tailor_agent_contradictions_total (\S+)$", text, re.M)
     return float(found.group(1)) if found else 0.0
 
@@ -181,10 +186,7 @@ def check(real: Real, node: str, pods: list[Obj]) -> None:
 
 def _reported(real: Real, node: str, given: dict[str, tuple[int, ...]]) -> bool:
     report = real.kube.get(api_path("nodegpureports", name=node, group="gpu-tailor.io/v1alpha1"))
-    seen: dict[str, list[int]] = {}
-    for c in report["spec"].get("pods") or []:
-        seen.setdefault(f"{c['namespace']}/{c['name']}", []).extend(c["gpus"])
-    return {k: tuple(sorted(v)) for k, v in seen.items()} == given
+    return realnode.held_by_pod(report) == given
 
 
 def whole_gpu_rounds(real: Real) -> None:
@@ -390,8 +392,7 @@ def test_nvidias_dra_driver_publishes_what_gpu_tailor_places_on(real: Real, rele
 
 
 def _pool_gpus(real: Real) -> dict[str, float]:
-    with urllib.request.urlopen(real.stack.extender_probes + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
+    text = metrics(real)
     return {m.group(1): float(m.group(2)) for m in re.finditer(r'^gpu_tailor_pool_gpus\{([^}]*)\} (\S+)$', text, re.M)}
 
 
