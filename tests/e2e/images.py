@@ -2,7 +2,9 @@
 ``umoci`` and a docker archive with ``skopeo`` (which keeps the image's name), for ``ctr images import``.
 
 Two images come out of one root filesystem: ``BUSYBOX`` for the tests' pods (``sh``, ``sleep``, ``env``, ``cat``)
-and ``PAUSE``, the sandbox image a real node's containerd is told to use (busybox sleeping forever).
+and ``PAUSE``, the sandbox image a real node's containerd is told to use (busybox sleeping forever). A third holds the
+control plane's own ``kube-scheduler`` binary (``kube_scheduler``), named as the manifests name kube-scheduler's
+image, so that gpu-tailor-scheduler runs as a pod of a real node with the release under test.
 """
 
 from __future__ import annotations
@@ -104,6 +106,30 @@ def gpu_tailor() -> tuple[str, Path] | str:
     name, archive = manifests_image(), Path(image["archive"]).with_name("image.tar")
     _run("skopeo", "copy", "--quiet", f"oci-archive:{image['archive']}:{image['tag']}",
          f"docker-archive:{archive}:{name}")
+    return name, archive
+
+
+@functools.cache
+def kube_scheduler(binary: Path, version: str) -> tuple[str, Path]:
+    """``binary`` (a static kube-scheduler of ``version``) as an image named ``registry.k8s.io/kube-scheduler:VERSION``,
+    a docker archive: the binary on ``PATH``, a passwd naming uid 65532, and nothing else."""
+    out = _scratch("gpu-tailor-kube-scheduler-")
+    layout, tag = out / "oci", "kube-scheduler"
+    _run("umoci", "init", "--layout", str(layout))
+    _run("umoci", "new", "--image", f"{layout}:{tag}")
+    bundle = out / "bundle"
+    _run("umoci", "unpack", "--rootless", "--image", f"{layout}:{tag}", str(bundle))
+    rootfs = bundle / "rootfs"
+    for sub in ("usr/local/bin", "etc", "tmp"):
+        (rootfs / sub).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(binary, rootfs / "usr/local/bin/kube-scheduler")
+    (rootfs / "etc" / "passwd").write_text("root:x:0:0:root:/:/sbin/nologin\nnonroot:x:65532:65532::/:/sbin/nologin\n")
+    _run("umoci", "repack", "--image", f"{layout}:{tag}", str(bundle))
+    _run("umoci", "config", "--image", f"{layout}:{tag}", "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin",
+         "--config.entrypoint", "/usr/local/bin/kube-scheduler")
+    shutil.rmtree(bundle)
+    name, archive = f"registry.k8s.io/kube-scheduler:{version}", out / "kube-scheduler.tar"
+    _run("skopeo", "copy", "--quiet", f"oci:{layout}:{tag}", f"docker-archive:{archive}:{name}")
     return name, archive
 
 

@@ -47,6 +47,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from gpu_tailor.gpumodel import labels
 from tests.conftest import free_port
 from tests.e2e import images
 from tests.e2e.cluster import ControlPlane, Release, log_tail
@@ -668,6 +669,21 @@ def real_node(name: str, cp: ControlPlane, kube: Kube, release: Release, workdir
         yield node
     finally:
         node.down()
+
+
+def real_pod(name: str, limits: dict[str, str], product: str, topology: str | None = None,
+             node: str | None = None) -> Obj:
+    """A portable ask for ``product`` that runs on a real node (``node``: pinned there by hostname): busybox, host
+    network (no pod network here), ending at once when told to."""
+    annotations = {labels.ANN_GPU_PRODUCT: product}
+    if topology:
+        annotations[labels.ANN_TOPOLOGY] = topology
+    pinned = {"nodeSelector": {"kubernetes.io/hostname": node}} if node else {}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations},
+            "spec": {**pinned, "hostNetwork": True, "terminationGracePeriodSeconds": 2, "containers": [{
+                "name": "main", "image": images.BUSYBOX,
+                "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 2147483647 & wait"],
+                "resources": {"limits": dict(limits)}}]}}
 
 
 def node_status(kube: Kube, name: str) -> Any:

@@ -26,11 +26,11 @@ from gpu_tailor.gpumodel.occupancy import parse_gpu_annotation
 from gpu_tailor.tools.explain import explain, table
 from gpu_tailor.tools.source import Cluster, read_live
 from gpu_tailor.webhook.config import AdmissionPolicy
-from tests.e2e import images, realnode
+from tests.e2e import realnode
 from tests.e2e.cluster import OPTED_IN, Release
 from tests.e2e.kube import Kube, Obj, api_path, wait_for
 from tests.e2e.pods import unique
-from tests.e2e.realnode import MockGpus, RealNode, mock_profile, real_node
+from tests.e2e.realnode import MockGpus, RealNode, mock_profile, real_node, real_pod
 from tests.e2e.services import Stack, control_plane_with_gpu_tailor, install
 from tests.gpumodel.dra_slices import device_classes
 
@@ -69,21 +69,6 @@ def real(release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         t4.start_nvidia(MockGpus(mock_profile("t4"), replicas=4))
         stack.wait_admission_works()
         yield Real(stack, {HGX: hgx, T4: t4})
-
-
-def real_pod(name: str, limits: dict[str, str], product: str, topology: str | None = None,
-             node: str | None = None) -> Obj:
-    """A portable ask for ``product`` that runs on a real node (``node``: pinned there by hostname): busybox, host
-    network (no pod network here), ending at once when told to."""
-    annotations = {labels.ANN_GPU_PRODUCT: product}
-    if topology:
-        annotations[labels.ANN_TOPOLOGY] = topology
-    pinned = {"nodeSelector": {"kubernetes.io/hostname": node}} if node else {}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations},
-            "spec": {**pinned, "hostNetwork": True, "terminationGracePeriodSeconds": 2, "containers": [{
-                "name": "main", "image": images.BUSYBOX,
-                "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 2147483647 & wait"],
-                "resources": {"limits": dict(limits)}}]}}
 
 
 def running(real: Real, name: str) -> Obj:
@@ -283,24 +268,35 @@ def test_a_gpu_pod_no_one_sent_to_gpu_tailor_waits_with_the_reason(real: Real) -
 
 
 def test_a_lost_gpu_is_no_longer_placed_on_and_explain_names_it(real: Real) -> None:
-    """GPU 7 of the HGX board is lost (the mock NVML's failure injection). The node agent reports it within a minute;
-    gpu-tailor then counts the node 7 GPUs (NVIDIA's device plugin on this mock still sells 8: its health check learns
-    of a loss only from an Xid event), refuses an 8-GPU pod with the reason, and explain names GPU 7. Once the GPU is
-    back, an 8-GPU pod runs."""
-    node = real.nodes[HGX]
+    """GPU 7 of the HGX board is lost (the mock NVML's failure injection), twice: first with no Xid event, so NVIDIA's
+    device plugin (whose health check learns of a loss only from an Xid) still sells 8; then with Xid 79 (fallen off
+    the bus), which the plugin's health check reads and marks the GPU unhealthy, so the node sells 7. Either way,
+    within a minute the node agent reports it, explain names it, an 8-GPU pod is refused with the reason, and a 7-GPU
+    pod runs on GPUs 0-6, recorded there. Once the GPU is back (the plugin restarted where it marked it), an 8-GPU pod
+    runs."""
     if not real.agents:  # run alone: the agent is what tells which GPU is gone
         for n in real.nodes.values():
             n.start_agent()
         real.agents = True
+    lose_gpu_7(real, {"mode": "lost"}, sold=8, refused="7 of 7 free")
+    lose_gpu_7(real, {"mode": "lost", "xid": {"code": 79}}, sold=7, refused="Insufficient nvidia.com/gpu")
+
+
+def lose_gpu_7(real: Real, failure: Obj, sold: int, refused: str) -> None:
+    node = real.nodes[HGX]
     report = api_path("nodegpureports", name=HGX, group="gpu-tailor.io/v1alpha1")
 
     def healthy() -> list[bool]:
         return [bool(g.get("healthy")) for g in real.kube.get(report)["spec"].get("gpus") or []]
 
-    node.inject({7: {"failure": {"mode": "lost"}}})
+    def selling(count: int) -> bool:
+        return bool(realnode.node_status(real.kube, HGX)["allocatable"].get("nvidia.com/gpu") == str(count))
+
+    node.inject({7: {"failure": failure}})
     try:
         wait_for(lambda: healthy() == [True] * 7 + [False], 60, "the agent to report GPU 7 lost", interval=0.5,
                  context=lambda: context(real))
+        wait_for(lambda: selling(sold), 60, f"{HGX} to sell {sold} GPUs", interval=0.5, context=lambda: context(real))
 
         def told() -> str:
             probe = real_pod("probe", {labels.GPU_MILLI: "1000"}, "H100")
@@ -312,18 +308,24 @@ def test_a_lost_gpu_is_no_longer_placed_on_and_explain_names_it(real: Real) -> N
         name = unique("hgx-8000")
         real.kube.create(api_path("pods", OPTED_IN), real_pod(name, {labels.GPU_MILLI: "8000"}, "H100"))
 
-        def refused() -> str:
+        def said_why() -> str:
             events = real.kube.events(OPTED_IN, "Pod", name)
             said = [str(e.get("message")) for e in events if e.get("reason") == "FailedScheduling"]
             assert not real.kube.get(api_path("pods", OPTED_IN, name))["spec"].get("nodeName"), f"{name} was bound"
-            return next((m for m in said if "7 of 7 free" in m), "")
+            return next((m for m in said if refused in m), "")
 
-        wait_for(refused, 60, f"{name} refused by gpu-tailor for GPU 7", interval=0.5, context=lambda: context(real))
+        wait_for(said_why, 60, f"{name} refused for GPU 7 ({refused})", interval=0.5, context=lambda: context(real))
         # kube-scheduler retries an unschedulable pod on a cluster event or after 5 minutes; a report is no event to it
         real.kube.delete(api_path("pods", OPTED_IN, name), grace_seconds=0)
+        seven = place(real, HGX, {labels.GPU_MILLI: "7000"}, "H100")
+        assert node.allocated()[f"{OPTED_IN}/{seven}"] == tuple(range(7))
+        delete(real, [seven])
     finally:
         node.inject({})
+    if sold < 8:  # the plugin never marks a GPU healthy again by itself: restarted, as after a node repair
+        node.restart_device_plugin()
     wait_for(lambda: healthy() == [True] * 8, 60, "the agent to report GPU 7 back", interval=0.5)
+    wait_for(lambda: selling(8), 60, f"{HGX} to sell 8 GPUs again", interval=0.5, context=lambda: context(real))
     delete(real, [place(real, HGX, {labels.GPU_MILLI: "8000"}, "H100")])
 
 
