@@ -35,12 +35,17 @@ class Agent:
     def __init__(self, node: str, kubelet: podresources.Client, driver: Any | None) -> None:
         self.node, self.kubelet, self.driver = node, kubelet, driver
         self.last: NodeReport | None = None  # as last written (reports that differ only in time are equal)
+        # every device UUID NVML has named, to its GPU: a GPU the driver loses can no longer be asked its UUID, but a
+        # pod the device plugin gave it still holds it (indices stay as they are until the node reboots)
+        self.seen: dict[str, int] = {}
 
     async def look(self) -> NodeReport:
         assigned = await self.kubelet.assigned()
         offered = await self.kubelet.allocatable()
         reading = nvml.read(self.driver) if self.driver is not None else None
-        return collect.build(self.node, assigned, offered, reading, now())
+        if reading is not None:
+            self.seen.update(collect.uuids(reading))
+        return collect.build(self.node, assigned, offered, reading, now(), known=self.seen)
 
     async def publish(self, custom: Any, core: Any, report: NodeReport, renew: bool = False) -> bool:
         """Write ``report`` unless it says what the last one written said (``renew``: write it anyway, so that its

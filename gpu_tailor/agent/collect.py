@@ -35,15 +35,21 @@ def gpu_index(device_id: str, by_uuid: dict[str, int]) -> int | None:
     return None
 
 
+def uuids(reading: Reading) -> dict[str, int]:
+    """Each GPU and MIG device UUID NVML named in ``reading``, to its GPU's index."""
+    out: dict[str, int] = {}
+    for g in reading.gpus:
+        if g.uuid:
+            out[g.uuid] = g.index
+        for mig in g.mig:
+            out[mig] = g.index
+    return out
+
+
 def build(node: str, assigned: list[Devices], allocatable: list[Devices], reading: Reading | None,
-          observed_at: str) -> NodeReport:
-    by_uuid: dict[str, int] = {}
-    if reading is not None:
-        for g in reading.gpus:
-            if g.uuid:
-                by_uuid[g.uuid] = g.index
-            for mig in g.mig:
-                by_uuid[mig] = g.index
+          observed_at: str, known: dict[str, int] | None = None) -> NodeReport:
+    """``known``: UUIDs an earlier reading named (a GPU lost since cannot say its own), under this reading's."""
+    by_uuid = {**(known or {}), **(uuids(reading) if reading is not None else {})}
     unmapped: list[str] = []
 
     def where(ids: tuple[str, ...]) -> tuple[int, ...]:

@@ -346,8 +346,8 @@ class Cache:
         if unhealthy is not None and len(gpus.slots) - len(unhealthy) > state.inventory.usable_gpus:
             # the node sells fewer GPUs than the report leaves (the report is behind): the count stands, and which
             # GPUs stays unknown until they agree. Where the report leaves fewer, it names GPUs the driver lost that
-            # the device plugin still sells (it learns of a loss from an Xid event, or at its next start): a pod
-            # placed there would fail, so they are not placed on
+            # the device plugin still sells (it learns of a loss from an Xid event, or at its next start): they
+            # are not counted, and a prediction names them among the GPUs the plugin may hand out (``sold_but_lost``)
             log.info("node %s: its report marks %d of %d GPUs unsold, its allocatable %d unsold", state.name,
                      len(unhealthy), len(gpus.slots), len(gpus.slots) - state.inventory.usable_gpus)
             unhealthy = None
@@ -478,6 +478,9 @@ class Cache:
             return  # the device plugin picked among GPUs the prediction named
         if placement.read_back:
             return  # replicas read back from bind's annotation: the set they were picked from is not known here
+        report = self.reports.get(rec.node) if rec.node else None
+        if report is not None and report.unmapped and len(reported) < len(placement.gpus):
+            return  # the agent could not tell the GPU of some of the pod's devices: not the whole answer
         if self._contradicted.get(rec.key) == (rec.uid, reported):
             return
         self._contradicted[rec.key] = (rec.uid, reported)

@@ -213,6 +213,13 @@ class NodeGpus:
             out.update(self.placements[pod].maybe)
         return frozenset(out)
 
+    def sold_but_lost(self) -> frozenset[int]:
+        """The GPUs a node agent reports lost that the device plugin may still hand out: the node's allocatable
+        counts more GPUs than the report leaves (NVIDIA's plugin learns of a loss only from an Xid event)."""
+        if not self.unhealthy or self._sold <= len(self.slots) - len(self.unhealthy):
+            return frozenset()
+        return self.unhealthy
+
     def surely_free(self) -> list[int]:
         """The idle GPUs that no earlier prediction among equals may have handed out: the ones this picture can
         name as free (``free_whole`` counts right, but which GPUs those are is unsure where ``unsure`` is not
@@ -228,12 +235,13 @@ class NodeGpus:
     def predict_whole_among(self, k: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """The k GPUs the best-effort allocator would pick among the free ones and, where it may pick others,
         every GPU it may hand out (else empty): the GPUs of the free sets that score as well, and the GPUs an
-        earlier prediction among equals left unsure (the free ones may be other than those written down)."""
+        earlier prediction among equals left unsure (the free ones may be other than those written down), and the
+        lost GPUs the plugin still sells (``sold_but_lost``)."""
         found = self.promised_topology.best_sets(self.free_whole(), k)
         if found is None:
             return None
         best, alike = found
-        maybe = set(alike) | self.unsure() | set(best)
+        maybe = set(alike) | self.unsure() | set(best) | self.sold_but_lost()
         return best, (tuple(sorted(maybe)) if len(maybe) > len(best) else ())
 
     def predict_share(self, milli: int, memory_mib: int = 0) -> int | None:
@@ -280,13 +288,13 @@ class NodeGpus:
             fits[g] += 1
             room[g] -= 1
             mine[g] = mine.get(g, 0) + 1
-        unsure = self.unsure()
+        unsure = self.unsure() | self.sold_but_lost()
         tied = bool(maybe)
         if out and (maybe or unsure):
             # an earlier pick among equals may have gone elsewhere: the counts this one ranks by are then
             # off on those GPUs, and it may go to any of them
             maybe.update(out)
-            usable = {s.index for s in self.usable_slots() if not s.mig}
+            usable = {s.index for s in self.usable_slots() if not s.mig} | self.sold_but_lost()
             maybe.update(g for g in unsure if g in usable)
         if not tied and maybe <= set(out):
             maybe = set()

@@ -272,6 +272,8 @@ def _unsold(gpus: NodeGpus, degraded: bool) -> str:
     """Which GPUs a node does not sell or lost, where a node agent said; else how many (a degraded node)."""
     if gpus.unhealthy:
         said = f"GPU {', '.join(map(str, sorted(gpus.unhealthy)))} not sold or lost (the node agent's report)"
+        if gpus.sold_but_lost():
+            said += "; the device plugin still sells it and may hand it out"
     else:
         said = f"{len(gpus.slots) - gpus.usable} of {len(gpus.slots)} GPUs not sold, which not known"
     return f"degraded: {said}; scored last" if degraded else said

@@ -188,6 +188,37 @@ async def test_a_degraded_node_is_told_which_gpus_are_gone(socket_dir: Path) -> 
     assert told.fits and told.gpus is not None and not {1, 4, 6} & set(told.gpus)
 
 
+async def test_a_pod_holding_a_gpu_lost_since_is_still_reported_on_it(socket_dir: Path) -> None:
+    """A pod holds GPU 7 when the driver loses it (or is handed it after: the device plugin still sells it until an
+    Xid). NVML can no longer say GPU 7's UUID; the running agent remembers it and reports the pod on GPU 7, while an
+    agent started after the loss lists the device as unmapped rather than guess."""
+    boards = hgx()
+    kubelet = Kubelet([Held("team-a", "p", "main", "nvidia.com/gpu", [boards[6].uuid, boards[7].uuid])],
+                      {"nvidia.com/gpu": [b.uuid for b in boards]})
+    async with serving(kubelet, socket_dir) as path:
+        client = podresources.Client(path)
+        try:
+            agent = Agent(HGX, client, FakeNvml(boards))
+            before = (await agent.look()).object()
+            boards[7].lost = True
+            after = (await agent.look()).object()
+            fresh = (await Agent(HGX, client, FakeNvml(boards)).look()).object()
+        finally:
+            await client.close()
+    assert [c["gpus"] for c in before["spec"]["pods"]] == [[6, 7]]
+    assert [c["gpus"] for c in after["spec"]["pods"]] == [[6, 7]] and not after["spec"].get("unmapped")
+    assert [g["index"] for g in after["spec"]["gpus"] if not g["healthy"]] == [7]
+    assert [c["gpus"] for c in fresh["spec"]["pods"]] == [[6]] and fresh["spec"]["unmapped"] == [boards[7].uuid]
+    # the fresh agent's report names one of the pod's two GPUs: not the whole answer, so no contradiction either
+    cluster = the_cluster([])
+    cluster.pods.append(pod("p", {"nvidia.com/gpu": "2"}, node=HGX))
+    cache = Cache()
+    cache.reset_pods(cluster.pods)
+    cache.reset_nodes(cluster.nodes)
+    cache.apply_report("ADDED", fresh)
+    assert cache.contradictions == 0
+
+
 async def test_a_gpu_the_driver_lost_is_not_placed_on_though_the_plugin_still_sells_it(socket_dir: Path) -> None:
     """The HGX node sells 8 GPUs, but NVML says GPU 7 is lost (the device plugin learns of it from an Xid event, or
     at its next start): with the agent's report, gpu-tailor counts 7, refuses 8 and names GPU 7; a report that
@@ -202,8 +233,10 @@ async def test_a_gpu_the_driver_lost_is_not_placed_on_though_the_plugin_still_se
                                         AdmissionPolicy()).nodes}[HGX]
     assert not eight.fits and "8 whole GPUs asked, 7 of 7 free" in eight.reasons[0]
     one = {v.node: v for v in explain(pod("one", {"nvidia.com/gpu": "1"}), "pod", cluster, AdmissionPolicy()).nodes}
-    assert one[HGX].fits and one[HGX].maybe == list(range(7))
-    assert one[HGX].detail == "GPU 7 not sold or lost (the node agent's report)"
+    # placed on 0-6, but the plugin may still hand out GPU 7: the record says it picks among all eight
+    assert one[HGX].fits and one[HGX].gpus == [0] and one[HGX].maybe == list(range(8))
+    assert one[HGX].detail == ("GPU 7 not sold or lost (the node agent's report); the device plugin still sells it "
+                               "and may hand it out")
 
     degraded = "h100-degraded-0"  # sells 5 of 8; a report naming only one GPU unsold is behind it
     behind = copy.deepcopy(obj)

@@ -159,3 +159,21 @@ def test_an_nvlink_promise_is_not_made_on_gpus_a_pick_among_equals_may_have_take
     node.place("b", Placement((1,)))
     placed = WholeGpus().fit(whole_offering(4, 16384), node, 2, 2, nvlink=True)
     assert placed.ok and placed.placement is not None and placed.placement.gpus == (2, 3)
+
+
+def test_a_lost_gpu_the_device_plugin_still_sells_may_be_handed_out() -> None:
+    """The agent reports GPU 7 lost while the node's allocatable still counts 8 (NVIDIA's plugin marks a GPU unhealthy
+    only on an Xid): gpu-tailor counts 7 and places on 0-6, but the plugin may hand out GPU 7, so the record names it
+    among the GPUs picked from, for whole GPUs and replicas alike. Once allocatable counts 7, the pick is 0-6 again."""
+    lost = NodeGpus(8, 81559, topology=nvswitch(8))
+    lost.set_unhealthy([7])
+    assert lost.sold_but_lost() == {7}
+    assert lost.predict_whole_among(7) == ((0, 1, 2, 3, 4, 5, 6), tuple(range(8)))
+    assert lost.predict_whole_among(8) is None  # gpu-tailor still counts 7
+    t4 = NodeGpus(4, 15360)
+    t4.set_unhealthy([3])
+    assert t4.predict_replicas(1, 250) == ((0,), (0, 1, 2, 3))
+    told = NodeGpus(8, 81559, topology=nvswitch(8), usable=7)  # allocatable 7: the plugin marked it
+    told.set_unhealthy([7])
+    assert told.sold_but_lost() == frozenset()
+    assert told.predict_whole_among(7) == ((0, 1, 2, 3, 4, 5, 6), ())
