@@ -49,6 +49,16 @@ def pods(cluster: Stack) -> Iterator[Pods]:
     tracker.cleanup()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist with ``--dist loadgroup`` (``scripts/test.sh``), every test of one release goes to one
+    worker: each worker then starts the control planes of one release only, and the releases run side by side."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "release" in callspec.params:
+            found = callspec.params["release"]
+            item.add_marker(pytest.mark.xdist_group(found.version if isinstance(found, Release) else "no-release"))
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[
         None, pytest.TestReport, pytest.TestReport]:

@@ -13,7 +13,7 @@ What runs, and where it is looked up (a test that needs a piece that is absent s
 
 Every node runs in a mount namespace of its own, because the device plugins' socket folder is fixed at
 ``/var/lib/kubelet/device-plugins``: a private folder is bound over ``/var/lib/kubelet`` (and ``/var/log/pods``)
-there, so several kubelets run side by side. Each has its own cgroup root (``/gpu-tailor/NODE``; the kubelet
+there, so several kubelets run side by side. Each has its own cgroup root (``/gpu-tailor/NODE-APIPORT``; the kubelet
 removes pod cgroups it does not know under its own root), its own ports, and a containerd of its own.
 
 What mattered on this kind of machine: runc cannot lower ``oom_score_adj`` without ``CAP_SYS_RESOURCE``
@@ -290,9 +290,9 @@ class RealNode:
         wait_for(bound, 30, f"{self.name}'s private /var/lib/kubelet")
 
     def make_cgroup_root(self) -> None:
-        self.cgroup = f"/gpu-tailor/{self.name}"
+        self.cgroup = f"/gpu-tailor/{self.name}-{self.cp.api_port}"  # two control planes may each have an hgx-0
         for hierarchy in _cgroup_v1_roots():
-            for depth in (hierarchy / "gpu-tailor", hierarchy / "gpu-tailor" / self.name):
+            for depth in (hierarchy / "gpu-tailor", hierarchy / self.cgroup.lstrip("/")):
                 depth.mkdir(exist_ok=True)
                 if hierarchy.name.startswith("cpuset"):  # a cpuset cgroup takes no task until it has cpus and mems
                     for f in ("cpuset.cpus", "cpuset.mems"):
