@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from gpu_tailor.extender.server import make_app as extender_app
 from gpu_tailor.gpumodel import labels
@@ -52,28 +53,38 @@ def queries(objs: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-async def scrape() -> set[str]:
-    """The sample names of both services' /metrics, after each has done some work."""
+async def scrape_texts() -> list[str]:
+    """Both services' /metrics, after each has done some work."""
     view = ClusterView(AdmissionPolicy())
     view.reset([json.loads(p.read_text()) for p in sorted((FIXTURES / "nodes").glob("*.json"))])
     view.freshness["pods"] = Freshness()
     cache = cluster([gpu_pod("held", 2, node="h100-hgx-0", annotations={labels.ANN_GPUS: "0,1"})])
     cache.freshness["nodes"] = Freshness()
-    names: set[str] = set()
+    texts: list[str] = []
     async with TestClient(TestServer(webhook_app(view))) as webhook:
         await webhook.post("/mutate", json=review_fixture("d"))
-        names |= _samples(await (await webhook.get("/metrics")).text())
+        texts.append(await (await webhook.get("/metrics")).text())
     async with TestClient(TestServer(extender_app(cache))) as extender:
         await extender.post("/filter", json=args("filter-nodecache-true-pod-gpu4"))
         await extender.post("/prioritize", json=args("prioritize-nodecache-true-pod-gpu4"))
         # no API server here: the bind is an error outcome, counted all the same
         await extender.post("/bind", json=load_fixture("extender", "bind-pod-gpu4.json"))
-        names |= _samples(await (await extender.get("/metrics")).text())
-    return names
+        texts.append(await (await extender.get("/metrics")).text())
+    return texts
 
 
-def _samples(text: str) -> set[str]:
-    return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+async def scrape() -> set[str]:
+    """The sample names of both services' /metrics."""
+    return {s.name for text in await scrape_texts() for s in _samples(text)}
+
+
+async def scrape_labels() -> set[str]:
+    """The label names of both services' samples."""
+    return {label for text in await scrape_texts() for s in _samples(text) for label in s.labels}
+
+
+def _samples(text: str) -> list[Sample]:
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 async def test_every_query_names_a_metric_a_live_scrape_returns() -> None:
@@ -107,3 +118,18 @@ def test_the_dashboard_in_the_chart_is_the_file() -> None:
     shipped = json.loads((CHART / "dashboards" / "gpu-tailor.json").read_text())
     assert json.loads(board["data"]["gpu-tailor.json"]) == shipped
     assert board["metadata"]["labels"] == {"grafana_dashboard": "1"}
+
+
+# the labels prometheus-operator sets on every target of a ServiceMonitor
+OPERATOR_TARGET_LABELS = {"job", "namespace", "service", "pod", "container", "endpoint", "instance"}
+
+
+async def test_labels_the_queries_read_survive_the_service_monitor() -> None:
+    """A scraped label named as one of prometheus-operator's target labels is renamed ``exported_<name>`` unless the
+    endpoint honours the scraped labels; gpu_tailor_ready's ``service`` is one, and the alerts read it
+    (``tests/e2e/test_prometheus.py`` sees it with a real Prometheus)."""
+    (monitor,) = [o for o in rendered() if o["kind"] == "ServiceMonitor"]
+    scraped = await scrape_labels()
+    clashing = sorted(OPERATOR_TARGET_LABELS & scraped)
+    assert clashing == ["service"]
+    assert all(e.get("honorLabels") is True for e in monitor["spec"]["endpoints"]), monitor["spec"]["endpoints"]

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from pydantic import BaseModel
 
 from gpu_tailor.extender.__main__ import Settings
@@ -17,11 +15,12 @@ from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import Isolation, Topology
 from gpu_tailor.tools.explain import explain
 from gpu_tailor.webhook.config import AdmissionPolicy
+from tests.examples import Example, examples
 from tests.tools.builders import fixture_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = (REPO / "docs" / "reference.md").read_text()
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+EXAMPLES = examples()
 
 
 def keys(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -56,23 +55,15 @@ def test_every_configuration_key_is_documented(model: type[BaseModel], heading: 
     assert set(keys(model)) == documented
 
 
-def pods_of(path: Path) -> list[dict[str, Any]]:
-    doc = yaml.safe_load(path.read_text())
-    if doc["kind"] == "Pod":
-        return [doc]
-    template = doc["spec"]["template"]
-    return [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": doc["metadata"]["name"], **template["metadata"]},
-             "spec": template["spec"]}]
-
-
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_each_example_is_admitted_rewritten_and_placed(path: Path) -> None:
-    assert path.read_text().startswith("#"), f"{path.name}: say what it asks for in a comment"
-    for pod in pods_of(path):
-        pod["metadata"]["namespace"] = "team-a"
-        said = explain(pod, path.name, fixture_cluster(namespaces={"team-a": {labels.NAMESPACE_OPT_IN_LABEL: "true"}}),
-                       AdmissionPolicy())
-        assert said.admission.allowed and said.admission.outcome == "mutated", said.admission
-        limits = said.stored["spec"]["containers"][0]["resources"]["limits"]
-        assert not any(k.startswith("gpu-tailor.io/") for k in limits), limits
-        assert said.chosen, f"{path.name}: no node would take it"
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
+def test_each_example_is_admitted_rewritten_and_placed_as_its_comment_says(example: Example) -> None:
+    assert example.path.read_text().startswith("#"), f"{example.path.name}: say what it asks for in a comment"
+    becomes = example.becomes.get("fixture nodes")
+    assert becomes, f"{example.path.name}: say what it becomes on the fixture nodes (tests/examples.py)"
+    pod = example.pod()
+    pod["metadata"]["namespace"] = "team-a"
+    cluster = fixture_cluster(namespaces={"team-a": {labels.NAMESPACE_OPT_IN_LABEL: "true"}})
+    said = explain(pod, example.path.name, cluster, AdmissionPolicy())
+    assert said.admission.allowed and said.admission.outcome == "mutated", said.admission
+    becomes.check(said.stored, example.path.name)
+    assert said.chosen in becomes.nodes, f"{example.path.name}: placed on {said.chosen}, not {becomes.nodes}"

@@ -10,6 +10,7 @@ are uncordoned and the same cluster serves both dialects.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,11 +37,10 @@ def dry_run(cluster: Stack, pod: Obj) -> Obj:
     return cluster.kube.create(api_path("pods", cluster.opted_in), pod, dry_run=True)
 
 
-@pytest.fixture
-def dra(cluster: Stack, release: Release) -> Iterator[Stack]:
-    """DeviceClasses, three DRA nodes and their slices, the device-plugin nodes cordoned; all undone after."""
-    if release.minor < 34:
-        pytest.skip(f"{release.version} serves no {GROUP} (DRA is GA from 1.34): test_dra_is_off covers it")
+@contextmanager
+def dra_pools(cluster: Stack) -> Iterator[Stack]:
+    """DeviceClasses, three DRA nodes and their slices, the device-plugin nodes cordoned; all undone after (delete
+    the pods bound there first). On a release that serves ``resource.k8s.io/v1`` only."""
     kube = cluster.kube
     made: list[str] = []
     try:
@@ -68,6 +68,14 @@ def dra(cluster: Stack, release: Release) -> Iterator[Stack]:
                 kube.delete(path)
         for t in kube.list(api_path("resourceclaimtemplates", cluster.opted_in, group=GROUP)):
             kube.delete(api_path("resourceclaimtemplates", cluster.opted_in, t["metadata"]["name"], group=GROUP))
+
+
+@pytest.fixture
+def dra(cluster: Stack, release: Release) -> Iterator[Stack]:
+    if release.minor < 34:
+        pytest.skip(f"{release.version} serves no {GROUP} (DRA is GA from 1.34): test_dra_is_off covers it")
+    with dra_pools(cluster) as ready:
+        yield ready
 
 
 def claim_of(cluster: Stack, pod: Obj) -> Obj:
