@@ -85,9 +85,9 @@ def test_the_chart_renders_what_the_kustomize_base_does(values: tuple[str, ...],
     assert sorted(chart) == sorted(kust)
     # The CRD is in the chart's crds/: no release's, so none of a release's labels (manifests/agent labels all it holds)
     crd = ("CustomResourceDefinition", "", "nodegpureports.gpu-tailor.io")
-    for key in ("app.kubernetes.io/instance", "app.kubernetes.io/version"):
-        assert key not in chart[crd]["metadata"]["labels"]
-        kust[crd]["metadata"]["labels"].pop(key)
+    for label in ("app.kubernetes.io/instance", "app.kubernetes.io/version"):
+        assert label not in chart[crd]["metadata"]["labels"]
+        kust[crd]["metadata"]["labels"].pop(label)
     for key in kust:
         assert chart[key] == kust[key], key
 
@@ -195,3 +195,26 @@ def test_the_config_schemas_in_the_chart_are_the_models_that_read_the_configs() 
                   "webhook.config.offerings[0].product=NVIDIA-H100-80GB-HBM3", "--set",
                   "webhook.config.offerings[0].migProfile=1g.10gb", check=False)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_the_readmes_values_table_is_values_yaml() -> None:
+    """``charts/gpu-tailor/README.md``'s table is what ``scripts/chart-readme.py`` makes of values.yaml's ``# --``
+    comments: a value added, changed or described anew without rerunning it fails here."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "chart-readme.py"), "--check"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_value_nobody_described_is_refused_by_the_readme_generator() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chart_readme", REPO / "scripts" / "chart-readme.py")
+    assert spec is not None and spec.loader is not None
+    readme = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = readme  # dataclasses look their module up there
+    spec.loader.exec_module(readme)
+    described = "# -- The image.\nimage:\n  repository: x\n  tag: y\nwebhook:\n  # -- How many.\n  replicas: 2\n"
+    assert [(r.key, r.default) for r in readme.rows(described)] == [("image", {"repository": "x", "tag": "y"}),
+                                                                     ("webhook.replicas", 2)]
+    with pytest.raises(readme.Undescribed, match=r"webhook\.timeoutSeconds"):
+        readme.rows(described + "  timeoutSeconds: 5\n")
