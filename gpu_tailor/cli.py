@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     wh.add_argument("--agent-namespace", metavar="NAME",
                     help="namespace of the node agents whose NodeGPUReport writes /reports checks (default: "
                          "--certs-secret's namespace, else gpu-tailor)")
+    wh.add_argument("--agent-service-account", metavar="NAME", default="gpu-tailor-agent",
+                    help="the node agents' ServiceAccount in --agent-namespace (the chart names it after its release)")
     wh.add_argument("--watch-window", type=int, default=60, metavar="SECONDS",
                     help="how long each watch asks the API server to keep it open; the view counts as stale (a "
                          "warning on GPU pods, never unready) after twice this plus 15 s without news")

@@ -1,7 +1,10 @@
 """The Helm chart (issue 29): real ``helm`` (lint, template, the values schema) and real ``kubectl kustomize``, both
-from ``scripts/k8s-tools.py``. With its defaults the chart renders the objects of ``manifests/``, and with
-``certificates=cert-manager`` those of ``manifests/overlays/cert-manager`` (the Namespace aside: Helm installs into
-one with ``--create-namespace``), so the two cannot drift; each value people change reaches the object it names."""
+from ``scripts/k8s-tools.py``. With its defaults, installed as release gpu-tailor on a v1.28.7 cluster, the chart
+renders the objects of ``manifests/``, and with ``certificates=cert-manager`` those of
+``manifests/overlays/cert-manager`` (the Namespace aside: Helm installs into one with ``--create-namespace``; the labels
+only Helm writes aside), so the two cannot drift; each value people change reaches the object it names.
+``tests/test_chart_conventions.py`` checks Helm's conventions: names from the release, the standard labels, the
+kube-scheduler image that follows the cluster."""
 
 from __future__ import annotations
 
@@ -20,16 +23,24 @@ REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "gpu-tailor"
 Obj = dict[str, Any]
 Key = tuple[str, str, str]
+# the cluster manifests/ pins kube-scheduler for (registry.k8s.io/kube-scheduler:v1.28.7), where the chart follows it
+KUBE_VERSION = "v1.28.7"
+# written by Helm only: kustomize has no chart, and manages nothing after the apply
+HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 
 
 def objects(text: str) -> dict[Key, Obj]:
     """Rendered objects by (kind, namespace, name), as comparable data: the Namespace left out, the ConfigMaps' YAML
-    parsed (comments differ), the pod templates' checksum annotations (Helm's, to roll on config changes) dropped."""
+    parsed (comments differ), the labels only Helm writes and the pod templates' checksum annotations (Helm's, to roll
+    on config changes) dropped."""
     out: dict[Key, Obj] = {}
     for doc in yaml.safe_load_all(text):
         if not doc or doc["kind"] == "Namespace":
             continue
         meta = (doc.get("spec") or {}).get("template", {}).get("metadata", {})
+        for labelled in (doc["metadata"], meta):
+            for key in HELM_ONLY_LABELS:
+                (labelled.get("labels") or {}).pop(key, None)
         kept = {k: v for k, v in (meta.get("annotations") or {}).items() if not k.startswith("checksum/")}
         if "annotations" in meta:
             meta.pop("annotations")
@@ -42,7 +53,8 @@ def objects(text: str) -> dict[Key, Obj]:
 
 
 def template(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([helm(), "template", "gpu-tailor", str(CHART), "-n", "gpu-tailor", *args],
+    return subprocess.run([helm(), "template", "gpu-tailor", str(CHART), "-n", "gpu-tailor", "--kube-version",
+                           KUBE_VERSION, *args],
                           capture_output=True, text=True, check=check, timeout=60)
 
 
@@ -69,8 +81,13 @@ def test_the_chart_lints_clean() -> None:
 @pytest.mark.parametrize(("values", "base"), [
     ((), "manifests"), (("--set", "certificates=cert-manager"), "manifests/overlays/cert-manager")])
 def test_the_chart_renders_what_the_kustomize_base_does(values: tuple[str, ...], base: str) -> None:
-    chart, kust = rendered(*values), kustomize(REPO / base)
+    chart, kust = rendered("--include-crds", *values), kustomize(REPO / base)
     assert sorted(chart) == sorted(kust)
+    # The CRD is in the chart's crds/: no release's, so none of a release's labels (manifests/agent labels all it holds)
+    crd = ("CustomResourceDefinition", "", "nodegpureports.gpu-tailor.io")
+    for label in ("app.kubernetes.io/instance", "app.kubernetes.io/version"):
+        assert label not in chart[crd]["metadata"]["labels"]
+        kust[crd]["metadata"]["labels"].pop(label)
     for key in kust:
         assert chart[key] == kust[key], key
 
@@ -151,6 +168,8 @@ def test_a_webhook_run_outside_the_cluster_is_called_at_its_url_on_each_entrys_p
 @pytest.mark.parametrize(("setting", "says"), [("webhook.failurePolicy=Maybe", "/webhook/failurePolicy"),
                                                ("certificates=letsencrypt", "/certificates"),
                                                ("scheduler.image.tag=latest", "/scheduler/image/tag"),
+                                               ("scheduler.image.tag=v1.37.0", "/scheduler/image/tag"),
+                                               ("nameOverride=GPU", "/nameOverride"),
                                                ("webhok.replicas=3", "webhok"),
                                                ("webhook.timeoutSeconds=60", "/webhook/timeoutSeconds"),
                                                ("webhook.url=http://127.0.0.1:9443", "/webhook/url"),
@@ -176,3 +195,26 @@ def test_the_config_schemas_in_the_chart_are_the_models_that_read_the_configs() 
                   "webhook.config.offerings[0].product=NVIDIA-H100-80GB-HBM3", "--set",
                   "webhook.config.offerings[0].migProfile=1g.10gb", check=False)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_the_readmes_values_table_is_values_yaml() -> None:
+    """``charts/gpu-tailor/README.md``'s table is what ``scripts/chart-readme.py`` makes of values.yaml's ``# --``
+    comments: a value added, changed or described anew without rerunning it fails here."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "chart-readme.py"), "--check"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_value_nobody_described_is_refused_by_the_readme_generator() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chart_readme", REPO / "scripts" / "chart-readme.py")
+    assert spec is not None and spec.loader is not None
+    readme = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = readme  # dataclasses look their module up there
+    spec.loader.exec_module(readme)
+    described = "# -- The image.\nimage:\n  repository: x\n  tag: y\nwebhook:\n  # -- How many.\n  replicas: 2\n"
+    assert [(r.key, r.default) for r in readme.rows(described)] == [("image", {"repository": "x", "tag": "y"}),
+                                                                     ("webhook.replicas", 2)]
+    with pytest.raises(readme.Undescribed, match=r"webhook\.timeoutSeconds"):
+        readme.rows(described + "  timeoutSeconds: 5\n")

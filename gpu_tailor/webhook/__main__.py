@@ -37,7 +37,8 @@ async def serve(args: argparse.Namespace) -> None:
         raise ValueError("--watch-window: expected seconds between 5 and 3600")
     view = ClusterView(load_policy(args.config), stale_after=stale_after(args.watch_window))
     kept = kept_certs(args) if args.certs_secret else None
-    app = make_app(view, agents=args.agent_namespace or (kept.namespace if kept is not None else "gpu-tailor"))
+    app = make_app(view, agents=args.agent_namespace or (kept.namespace if kept is not None else "gpu-tailor"),
+                   agent_account=args.agent_service_account)
     if args.cluster_file:
         app.cleanup_ctx.append(cluster_file_ctx(args.cluster_file))
     else:

@@ -81,9 +81,9 @@ REPORTS_HOOK = "reports.gpu-tailor.io"
 AGENT_SERVICE_ACCOUNT = "gpu-tailor-agent"  # manifests/agent
 
 
-def agent_user(namespace: str) -> str:
+def agent_user(namespace: str, account: str = AGENT_SERVICE_ACCOUNT) -> str:
     """The node agents' user name, as the API server authenticates their service account."""
-    return f"system:serviceaccount:{namespace}:{AGENT_SERVICE_ACCOUNT}"
+    return f"system:serviceaccount:{namespace}:{account}"
 
 
 def exempt_namespaces(namespace: str) -> list[str]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from gpu_tailor.gpumodel.report import GROUP, PLURAL
 from gpu_tailor.webhook.mutate import Decision
-from gpu_tailor.webhook.registration import agent_user
+from gpu_tailor.webhook.registration import AGENT_SERVICE_ACCOUNT, agent_user
 
 NODE_NAME = "authentication.kubernetes.io/node-name"
 POD_NAME = "authentication.kubernetes.io/pod-name"
@@ -42,18 +42,20 @@ def _first(extra: Any, key: str) -> str:
     return str(values[0]) if isinstance(values, list) and values else ""
 
 
-async def check(request: dict[str, Any], namespace: str, pods: PodLookup | None) -> Decision:
+async def check(request: dict[str, Any], namespace: str, pods: PodLookup | None,
+                account: str = AGENT_SERVICE_ACCOUNT) -> Decision:
     """Allow or refuse one write of a report, as the API server sent it for review."""
     resource = request.get("resource") or {}
     if (resource.get("group"), resource.get("resource")) != (GROUP, PLURAL):
         return _deny(f"/reports reviews {PLURAL}.{GROUP} only, not {resource.get('resource')!r}", 400)
     user = request.get("userInfo") or {}
-    if user.get("username") != agent_user(namespace):
+    agents = agent_user(namespace, account)
+    if user.get("username") != agents:
         # only the agents' writes are sent here (the entry's matchConditions): anyone else's means the webhook
         # and the configuration disagree on the agents' namespace -- refuse rather than let a write through unchecked
-        return _deny(f"/reports checks the node agents of namespace {namespace} ({agent_user(namespace)}), not "
-                     f"{user.get('username')!r}: the webhook's --agent-namespace and the webhook configuration's "
-                     "matchConditions must name the same namespace", 500)
+        return _deny(f"/reports checks the node agents of namespace {namespace} ({agents}), not "
+                     f"{user.get('username')!r}: the webhook's --agent-namespace and --agent-service-account and the "
+                     "webhook configuration's matchConditions must name the same ServiceAccount", 500)
     obj = request.get("oldObject") if request.get("operation") == "DELETE" else request.get("object")
     name = str(request.get("name") or ((obj or {}).get("metadata") or {}).get("name") or "")
     extra = user.get("extra")

@@ -29,6 +29,7 @@ from gpu_tailor.gpumodel.inventory import node_fields
 from gpu_tailor.kube.freshness import WATCH_WINDOW, Freshness, Staleness
 from gpu_tailor.serving import CertReloader, add_probes
 from gpu_tailor.webhook.mutate import Decision, decide
+from gpu_tailor.webhook.registration import AGENT_SERVICE_ACCOUNT
 from gpu_tailor.webhook.reports import PodLookup
 from gpu_tailor.webhook.reports import check as check_report
 from gpu_tailor.webhook.state import ACTIVE_PODS, ClusterView
@@ -186,9 +187,11 @@ async def mutate(request: web.Request) -> web.Response:
 
 @dataclass
 class ReportCheck:
-    """``/reports``' needs: the namespace the agents run in, and a way to read a pod (None: no API client)."""
+    """``/reports``' needs: the namespace the agents run in, their ServiceAccount, and a way to read a pod (None: no
+    API client)."""
 
     namespace: str = "gpu-tailor"
+    account: str = AGENT_SERVICE_ACCOUNT
     pods: PodLookup | None = None
 
 
@@ -203,7 +206,7 @@ async def review_report(request: web.Request) -> web.Response:
         return _respond(parsed)
     raw, review = parsed
     setup = request.app[REPORTS]
-    decision = await check_report(raw["request"], setup.namespace, setup.pods)
+    decision = await check_report(raw["request"], setup.namespace, setup.pods, setup.account)
     _counted(request.app, decision, started)
     return _respond(Answer(200, orjson.dumps(response(review.request.uid, decision)), decision))
 
@@ -235,14 +238,16 @@ def _bad_request(why: str) -> Answer:
     return Answer(400, orjson.dumps({"error": f"not an AdmissionReview v1: {why}"}))
 
 
-def make_app(view: ClusterView, templates: Templates | None = None, agents: str = "gpu-tailor") -> web.Application:
-    """The webhook's routes; ``agents``: the namespace the node agents run in (``/reports``)."""
+def make_app(view: ClusterView, templates: Templates | None = None, agents: str = "gpu-tailor",
+             agent_account: str = AGENT_SERVICE_ACCOUNT) -> web.Application:
+    """The webhook's routes; ``agents`` and ``agent_account``: the node agents' namespace and ServiceAccount
+    (``/reports``)."""
     app = web.Application(client_max_size=MAX_BODY)
     app[VIEW] = view
     app[TEMPLATES] = templates or Templates()
     app[METRICS] = Metrics()
     app[METRICS].registry.register(Staleness("gpu_tailor_webhook_watch_staleness_seconds", view.freshness))
-    app[REPORTS] = ReportCheck(agents)
+    app[REPORTS] = ReportCheck(agents, agent_account)
     app.router.add_post("/mutate", mutate)
     app.router.add_post("/reports", review_report)
     add_probes(app, "webhook", _ready, "nodes and pods not listed yet", lambda a: a[METRICS].registry)

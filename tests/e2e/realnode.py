@@ -580,7 +580,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         return found
 
     def _agent_pods(self) -> list[Obj]:
-        return self.kube.list(api_path("pods", "gpu-tailor"), label_selector="app.kubernetes.io/name=gpu-tailor-agent",
+        return self.kube.list(api_path("pods", "gpu-tailor"),
+                              label_selector="app.kubernetes.io/name=gpu-tailor,app.kubernetes.io/component=agent",
                               field_selector=f"spec.nodeName={self.name}")
 
     # -- tear down ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The Helm chart on a real control plane (issue 29): ``helm install`` brings up admission and scheduling as the
 kustomize path does, ``helm upgrade`` keeps admission working (the caBundle the webhook wrote survives it), and
-``helm uninstall`` leaves no MutatingWebhookConfiguration behind and no pod create refused.
+``helm uninstall`` leaves no MutatingWebhookConfiguration behind and no pod create refused. A second release in the same
+cluster is refused (the chart's ``lookup`` of the webhook configuration, which ``helm template`` cannot exercise).
 
 A control plane of its own (free ports, beside the session's kustomize one), the chart installed with ``helm``
 (v4, ``scripts/k8s-tools.py``) and two settings only a control plane without kubelets needs: the API server calls
@@ -44,6 +45,11 @@ def run_helm(cp: ControlPlane, *args: str) -> str:
                          timeout=180, check=False)
     assert out.returncode == 0, f"helm {' '.join(args)}: {out.stdout}{out.stderr}"
     return out.stdout
+
+
+def helm_may_fail(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm(), *args, "--kubeconfig", str(cp.kubeconfig)], capture_output=True, text=True,
+                          timeout=180, check=False)
 
 
 def helm_install(cp: ControlPlane, kube: Kube, workdir: Path, webhook_port: int) -> Rendered:
@@ -91,6 +97,17 @@ def test_install_upgrade_and_uninstall(helm_stack: Stack) -> None:
         stack.wait_admission_works()
         again = pods.wait_bound(pods.create(stack.opted_in, pod_from_review("d")))
         assert again["spec"]["schedulerName"] == SCHEDULER_NAME
+
+        # a second release, under another name and namespace, is refused before it creates anything
+        second = helm_may_fail(stack.cp, "install", "second", str(CHART), "--namespace", "second",
+                               "--create-namespace", "--set", "webhook.url=https://127.0.0.1:1", "--set",
+                               "agent.enabled=false")
+        assert second.returncode != 0, second.stdout
+        assert "gpu-tailor is installed once per cluster" in second.stderr, second.stderr
+        assert f"Helm release gpu-tailor in namespace {NAMESPACE}" in second.stderr, second.stderr
+        assert not stack.kube.exists(api_path("clusterroles", name="second-gpu-tailor-extender",
+                                              group="rbac.authorization.k8s.io/v1"))
+        assert helm_may_fail(stack.cp, "status", "second", "-n", "second").returncode != 0  # no release recorded
 
         # uninstalled: no webhook configuration left, and pod creates go through untouched
         run_helm(stack.cp, "uninstall", "gpu-tailor", "--namespace", NAMESPACE)  # no --wait: no kubelet ends pods

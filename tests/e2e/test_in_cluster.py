@@ -129,7 +129,9 @@ def node_ip(kube: Kube, name: str) -> str:
 
 
 def ready_pods(kube: Kube, app: str) -> list[Obj]:
-    pods = kube.list(api_path("pods", NAMESPACE), label_selector=f"app.kubernetes.io/name={app}")
+    component = app.removeprefix("gpu-tailor-")
+    pods = kube.list(api_path("pods", NAMESPACE),
+                     label_selector=f"app.kubernetes.io/name=gpu-tailor,app.kubernetes.io/component={component}")
     return [p for p in pods if not p["metadata"].get("deletionTimestamp") and statuses(p)
             and all(c.get("ready") for c in statuses(p))]
 

@@ -67,8 +67,8 @@ def review(name: str, user: dict[str, Any], operation: str = "UPDATE", spec_node
     ("gpu-node-1", caller(pod="gpu-tailor-agent-gone"), "UPDATE", False, "does not exist"),
     ("gpu-node-1", caller(pod="gpu-tailor-agent-pending"), "UPDATE", False, "is not on a node yet"),
     ("gpu-node-1", caller(), "UPDATE", False, "name no pod and no node"),  # a long-lived token, not a pod's
-    # never sent here by the configuration: the namespaces disagree, so it fails closed
-    ("gpu-node-2", caller(username="kubernetes-admin"), "UPDATE", False, "must name the same namespace"),
+    # never sent here by the configuration: the ServiceAccounts disagree, so it fails closed
+    ("gpu-node-2", caller(username="kubernetes-admin"), "UPDATE", False, "must name the same ServiceAccount"),
     ("gpu-node-1", caller(node="gpu-node-1", username="system:serviceaccount:other:gpu-tailor-agent"), "UPDATE",
      False, "not 'system:serviceaccount:other:gpu-tailor-agent'"),
 ], ids=["own-node", "other-node", "delete-other", "pod-own", "pod-other", "pod-uid-differs", "pod-gone",
@@ -78,6 +78,15 @@ async def test_an_agent_writes_its_own_nodes_report_only(name: str, user: dict[s
     decision = await check(review(name, user, operation)["request"], "gpu-tailor", pods)
     assert decision.allowed is allowed, decision.message
     assert says in decision.message
+
+
+async def test_the_agents_service_account_is_the_one_the_webhook_was_given() -> None:
+    """The chart names the agents' ServiceAccount after its release (``--agent-service-account``)."""
+    user = caller(node="gpu-node-1", username="system:serviceaccount:gpu-tailor:gpus-gpu-tailor-agent")
+    request = review("gpu-node-1", user, "UPDATE")["request"]
+    assert (await check(request, "gpu-tailor", pods, "gpus-gpu-tailor-agent")).allowed
+    refused = await check(request, "gpu-tailor", pods)
+    assert not refused.allowed and "system:serviceaccount:gpu-tailor:gpu-tailor-agent" in refused.message
 
 
 async def test_spec_node_must_be_the_reports_own_name() -> None:
