@@ -51,7 +51,8 @@ def on_create(annotations: dict[str, Any], ask: PodAsk, pod: dict[str, Any] | No
 
 def _rewritten_by_us(annotations: dict[str, Any], ask: PodAsk) -> bool:
     """Both records present, and every container the ask record names as portable now holds one NVIDIA
-    resource, the same one (what ``mutate._rewrite`` leaves), and every native one what it held."""
+    resource, the same one (what ``mutate._rewrite`` leaves), and every native one what it held; or, for a native
+    ask (backing ``native``), no portable container and every one holding what it held."""
     if not annotations.get(labels.ANN_BACKING) or labels.ANN_ASK not in annotations:
         return False
     try:
@@ -73,7 +74,7 @@ def _rewritten_by_us(annotations: dict[str, Any], ask: PodAsk) -> bool:
             resources |= set(c.native)
         elif was.get("native") != dict(sorted(c.native.items())):
             return False
-    return len(resources) == 1
+    return len(resources) == 1 or (not resources and annotations[labels.ANN_BACKING] == "native")
 
 
 def _claimed_by_us(annotations: dict[str, Any], ask: PodAsk, pod: dict[str, Any]) -> bool:

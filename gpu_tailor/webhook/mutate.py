@@ -130,6 +130,10 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
             if not choice.free_now:
                 warnings.append(f"no {choice.candidate.backing} is free right now; the pod waits for capacity")
             tolerations = (*tolerations, *choice.candidate.write.tolerations)
+    elif labels.ANN_BACKING not in ((pod.get("metadata") or {}).get("annotations") or {}):
+        # a native ask, left as written (not one rewritten before this reinvocation): recorded all the same, the
+        # marker the second webhook entry skips on
+        _annotate(pod, ask, isolation, backing)
     if policy.schedulerName and _takes_default_scheduler(pod):
         _obj(pod, "spec")["schedulerName"] = policy.schedulerName
     if policy.schedulerName and (pod.get("spec") or {}).get("schedulerName") == policy.schedulerName:

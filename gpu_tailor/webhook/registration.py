@@ -13,13 +13,14 @@ refuses only what it must:
   annotation (which the webhook refuses: ``guard``). Let through unanswered, a portable ask would reach
   kube-scheduler as a resource no node has (Pending with a reason no user understands), a native ask
   would skip the limits == requests check, and a forged ``gpu-tailor.io/gpus`` would go unchecked;
-* ``cpu-pods.gpu-tailor.io``, ``failurePolicy: Ignore``: every pod CREATE, with no condition. For a pod
-  without a GPU ask the webhook only routes it to gpu-tailor's scheduler (``cpuOnlyPods``); when it cannot
-  answer, the pod is created as it is and the default scheduler places it. A GPU pod reaches it after the
-  first entry has rewritten it, and ``decide`` sees a reinvocation: nothing to do (one more call per GPU
-  pod). It has no condition on purpose: the API server reinvokes (``reinvocationPolicy: IfNeeded``) only
-  webhooks it has called once, so a GPU ask that a later webhook adds to a CPU-only pod is handled only
-  because this entry was called.
+* ``cpu-pods.gpu-tailor.io``, ``failurePolicy: Ignore``: every pod CREATE the first entry has not rewritten
+  (``NOT_REWRITTEN``: no ``gpu-tailor.io/backing``, which the webhook writes on every GPU pod it admits). For a
+  pod without a GPU ask the webhook only routes it to gpu-tailor's scheduler (``cpuOnlyPods``); when it cannot
+  answer, the pod is created as it is and the default scheduler places it. So a GPU pod costs one call, and a
+  CPU-only pod one. It takes every CREATE but those on purpose: the API server reinvokes
+  (``reinvocationPolicy: IfNeeded``) only webhooks it has called once, so a GPU ask that a later webhook adds to
+  a CPU-only pod is handled only because this entry was called (its condition, evaluated again on the
+  reinvocation, still holds: nothing has written the marker).
 
 No pod UPDATE reaches the webhook unless it touches a ``gpu-tailor.io/*`` annotation, so labels and
 finalizers keep working while it is down; the extender's GPUs arrive through ``pods/binding``, which no
@@ -76,6 +77,8 @@ _ANNOTATIONS_CHANGED = " ".join([
 ])
 GPU_PODS = (f"(request.operation == 'CREATE' && ({MAY_ASK_FOR_GPU})) ||"
             f" (request.operation == 'UPDATE' && ({_ANNOTATIONS_CHANGED}))")
+# A CREATE that the first entry has not rewritten: the marker is what the ask became, written on every GPU pod admitted.
+NOT_REWRITTEN = f"!(has(object.metadata.annotations) && '{labels.ANN_BACKING}' in object.metadata.annotations)"
 GPU_HOOK, CPU_HOOK = "pods.gpu-tailor.io", "cpu-pods.gpu-tailor.io"
 REPORTS_HOOK = "reports.gpu-tailor.io"
 AGENT_SERVICE_ACCOUNT = "gpu-tailor-agent"  # manifests/agent
@@ -138,10 +141,10 @@ def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
         "metadata": {"name": WEBHOOK_CONFIG_NAME},
         "webhooks": [
             hook(GPU_HOOK, "Fail", 5, ["CREATE", "UPDATE"], ("gpu-ask-or-gpu-tailor-annotations-changed", GPU_PODS)),
-            # every CREATE, with no condition: a pod that another webhook gives a GPU ask later is handled when
-            # this entry is called again (the API server reinvokes only webhooks it has called once); a CPU-only
-            # pod waits at most 3 s for an answer, then is created as it is
-            hook(CPU_HOOK, "Ignore", 3, ["CREATE"], None),
+            # every CREATE the first entry did not rewrite: a pod that another webhook gives a GPU ask later is
+            # handled when this entry is called again (the API server reinvokes only webhooks it has called once);
+            # a CPU-only pod waits at most 3 s for an answer, then is created as it is
+            hook(CPU_HOOK, "Ignore", 3, ["CREATE"], ("not-rewritten-by-gpu-tailor", NOT_REWRITTEN)),
             reports,
         ],
     }

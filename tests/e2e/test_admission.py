@@ -11,8 +11,10 @@ import base64
 import datetime as dt
 import http.server
 import json
+import re
 import ssl
 import threading
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -220,7 +222,10 @@ def test_a_gpu_ask_added_by_a_later_webhook_is_handled_too(cluster: Stack, pods:
             return bool(limits_of(answer, "main"))
 
         wait_for(injected, 30, "the API server to call the injector", interval=0.2, context=cluster.context)
+        before = reviews(cluster)
         stored = pods.get(pods.create(cluster.opted_in, pod))
+        # called as a CPU-only pod (the second entry), then again once the injector gave it a GPU ask
+        assert reviews(cluster) - before == 2
         assert limits_of(stored, "main") == requests_of(stored, "main") == {"nvidia.com/gpu": "1"}
         assert GPU_TOLERATION in stored["spec"].get("tolerations", []), stored["spec"].get("tolerations")
     finally:
@@ -228,3 +233,27 @@ def test_a_gpu_ask_added_by_a_later_webhook_is_handled_too(cluster: Stack, pods:
             cluster.kube.delete(path)
         injector.server.shutdown()
         injector.server.server_close()
+
+
+def reviews(stack: Stack) -> float:
+    """Admission reviews the webhook has answered so far (its ``gpu_tailor_webhook_reviews_total``, every label)."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # a loopback scrape of the test's own webhook
+    url = stack.webhook.ready_url.rsplit("/", 1)[0] + "/metrics"
+    with urllib.request.urlopen(url, context=context, timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(float(v) for v in re.findall(r"^gpu_tailor_webhook_reviews_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+@pytest.mark.parametrize("kind", ["portable", "native", "cpu-only"])
+def test_one_webhook_call_per_pod_create(cluster: Stack, pods: Pods, kind: str) -> None:
+    """The first entry rewrites a GPU pod and writes its marker, which the second entry's condition skips; a CPU-only
+    pod goes to the second entry alone. Pinned to no node, so nothing after the create (a bind) touches it."""
+    limits = {"portable": {"gpu-tailor.io/gpu-milli": "250"}, "native": {"nvidia.com/gpu": "1"},
+              "cpu-only": {"cpu": "100m"}}[kind]
+    before = reviews(cluster)
+    stored = pods.create(cluster.opted_in, gpu_pod(unique(f"once-{kind}"), limits, node="nowhere"))
+    assert reviews(cluster) - before == 1
+    assert stored["spec"]["schedulerName"] == SCHEDULER_NAME
+    backing = (stored["metadata"].get("annotations") or {}).get("gpu-tailor.io/backing")
+    assert backing == {"portable": "shared:time-slicing:4", "native": "native", "cpu-only": None}[kind], backing

@@ -1,7 +1,7 @@
 """The webhook configuration's CEL matchCondition, evaluated with cel-python on real admission requests and on
 generated pods: every pod that may ask for a GPU reaches the ``Fail`` entry, and every pod CREATE the ``Ignore``
-one, which has no condition (kube-apiserver evaluates the same expression: tests/e2e shows it on real control
-planes)."""
+one until the first has rewritten it (kube-apiserver evaluates the same expressions: tests/e2e shows it on real
+control planes)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from celpy.adapter import json_to_cel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import from_pod
 from gpu_tailor.webhook import registration
 from gpu_tailor.webhook.registration import CPU_HOOK, GPU_HOOK
 from tests.conftest import FIXTURES, load_fixture
+from tests.webhook.test_mutate import run
 
 _ENV = celpy.Environment()
 ALL_HOOKS = registration.webhook_configuration("gpu-tailor-webhook", "gpu-tailor")["webhooks"]
@@ -40,7 +42,7 @@ def test_the_captured_requests_reach_the_failing_entry_exactly_when_they_ask_for
         request = load_fixture("admission", path.rsplit("/", 1)[1])["request"]
         pod = request["object"]
         entries = reaches(request["operation"], pod)
-        assert CPU_HOOK in entries  # every CREATE, so that a reinvocation can reach any pod
+        assert CPU_HOOK in entries  # every CREATE not yet rewritten, so that a reinvocation can reach any pod
         assert (GPU_HOOK in entries) == from_pod(pod).has_gpu, path
         seen.append(GPU_HOOK in entries)
     assert any(seen) and not all(seen)
@@ -117,3 +119,20 @@ def test_only_the_agents_own_writes_of_reports_reach_the_reports_entry() -> None
     assert not reaches_reports("system:serviceaccount:gpu-tailor:gpu-tailor-scheduler")
     assert not reaches_reports("kubernetes-admin")
     assert not reaches_reports("system:serviceaccount:other:gpu-tailor-agent")  # another namespace's
+
+
+def test_a_pod_the_first_entry_rewrote_is_not_sent_again() -> None:
+    """Every captured GPU pod the webhook admits comes out of the first entry carrying its marker, so the second entry
+    (which follows it, in the configuration's order) skips it: one call per GPU pod. A CPU-only pod is rewritten by
+    the second entry alone, which writes no marker: a reinvocation after a later webhook still reaches it."""
+    seen = 0
+    for letter in "abdefghijk":
+        decision, pod = run(letter)
+        if not decision.allowed:
+            continue
+        seen += 1
+        assert pod["metadata"]["annotations"].get(labels.ANN_BACKING), letter
+        assert CPU_HOOK not in reaches("CREATE", pod), letter
+    assert seen >= 8
+    decision, cpu_only = run("l")
+    assert decision.allowed and reaches("CREATE", cpu_only) == {CPU_HOOK}
