@@ -24,6 +24,10 @@ the review as the webhook's handler timed it. The control plane is stopped and w
 scheduled; in the opted-in namespace the webhook then leaves schedulerName alone).
 
 ``--py-spy OUT`` records the webhook process during the rounds (``py-spy record --format raw``).
+
+``--anchor-like patch,conditions`` makes the trivial webhook more like gpu-tailor's, to tell where the difference
+goes: ``patch`` answers the JSONPatch gpu-tailor's webhook answers for the same pod (asked once, before the
+rounds), ``conditions`` registers it with gpu-tailor's two pod entries' matchConditions.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -49,6 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gpu_tailor.certs.authority import Names, make_ca, make_serving  # noqa: E402
+from gpu_tailor.webhook import registration  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.e2e.cluster import (  # noqa: E402
     OPTED_IN,
@@ -189,18 +195,21 @@ def metric_mean(text: str, name: str, having: str) -> tuple[float, float]:
     return (sums / counts if counts else float("nan")), counts
 
 
-def trivial_webhook(cp: ControlPlane, kube: Kube, workdir: Path) -> Service:
-    """The anchor webhook on a free port, registered for the namespace ``TRIVIAL`` alone."""
+def trivial_webhook(cp: ControlPlane, kube: Kube, workdir: Path, like: set[str], webhook_port: int) -> Service:
+    """The anchor webhook on a free port, registered for the namespace ``TRIVIAL`` alone (``like``: see
+    ``--anchor-like``)."""
     now = dt.datetime.now(dt.UTC)
     ca_cert, ca_key = make_ca(now, "trivial-ca")
     cert, key = make_serving(ca_cert, ca_key, Names("trivial", "default", ips=("127.0.0.1",)), 1, now)
     (workdir / "trivial.crt").write_bytes(cert)
     (workdir / "trivial.key").write_bytes(key)
     port = free_port()
-    service = Service("trivial webhook", [sys.executable, str(REPO / "benchmarks" / "trivial_webhook.py"), "--listen",
-                                          f"127.0.0.1:{port}", "--tls-cert", str(workdir / "trivial.crt"),
-                                          "--tls-key", str(workdir / "trivial.key")],
-                      workdir / "trivial.log", f"https://127.0.0.1:{port}/readyz")
+    argv = [sys.executable, str(REPO / "benchmarks" / "trivial_webhook.py"), "--listen", f"127.0.0.1:{port}",
+            "--tls-cert", str(workdir / "trivial.crt"), "--tls-key", str(workdir / "trivial.key")]
+    if "patch" in like:
+        (workdir / "patch.json").write_bytes(gpu_tailors_patch(kube, webhook_port))
+        argv += ["--patch", str(workdir / "patch.json")]
+    service = Service("trivial webhook", argv, workdir / "trivial.log", f"https://127.0.0.1:{port}/readyz")
     service.start()
     create_namespace(kube, TRIVIAL, {"bench.gpu-tailor.io/trivial": "true"})
     kube.create(api_path("mutatingwebhookconfigurations", group="admissionregistration.k8s.io/v1"), {
@@ -212,12 +221,36 @@ def trivial_webhook(cp: ControlPlane, kube: Kube, workdir: Path) -> Service:
                                        "caBundle": base64.b64encode(ca_cert).decode()},
                       "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                                  "resources": ["pods"], "scope": "Namespaced"}],
-                      "namespaceSelector": {"matchLabels": {"bench.gpu-tailor.io/trivial": "true"}}}]})
+                      "namespaceSelector": {"matchLabels": {"bench.gpu-tailor.io/trivial": "true"}}}
+                     | ({"matchConditions": [c for h in registration.webhook_configuration("x", "y")["webhooks"]
+                                             if h["name"] in (registration.GPU_HOOK, registration.CPU_HOOK)
+                                             for c in h.get("matchConditions", [])]} if "conditions" in like else {})]})
     return service
+
+
+def gpu_tailors_patch(kube: Kube, webhook_port: int) -> bytes:
+    """The JSONPatch gpu-tailor's webhook answers for the benchmark's pod, as the API server would send it (the pod
+    defaulted: a dry-run create where no webhook acts)."""
+    defaulted = kube.create(api_path("pods", PLAIN), pod("patch-probe"), dry_run=True)
+    defaulted["metadata"]["namespace"] = OPTED_IN
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "bench", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": OPTED_IN, "operation": "CREATE",
+        "userInfo": {"username": "bench"}, "object": defaulted, "dryRun": True}}
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    request = urllib.request.Request(f"https://127.0.0.1:{webhook_port}/mutate", data=json.dumps(review).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, context=ctx, timeout=10) as resp:
+        ops = json.loads(base64.b64decode(json.loads(resp.read())["response"]["patch"]))
+    # and the trivial webhook's own mark, which the benchmark looks for (the annotations exist by then)
+    return json.dumps([*ops, {"op": "add", "path": "/metadata/annotations/bench.gpu-tailor.io~1seen",
+                              "value": "true"}]).encode()
 
 
 def run_release(release: Release, args: argparse.Namespace) -> dict[str, tuple[float, float]]:
     started = time.monotonic()
+    like = {p for p in (args.anchor_like or "").split(",") if p}
     print(f"== {release.version}")
     with tempfile.TemporaryDirectory(prefix="gpu-tailor-bench-") as tmp:
         workdir = Path(tmp)
@@ -238,7 +271,7 @@ def run_release(release: Release, args: argparse.Namespace) -> dict[str, tuple[f
                               f"https://127.0.0.1:{port}/readyz")
             services.append(webhook)
             webhook.start()
-            services.append(trivial := trivial_webhook(cp, kube, workdir))
+            services.append(trivial := trivial_webhook(cp, kube, workdir, like, port))
             ctx = client_ssl(creds, workdir)
             asyncio.run(wait_mutating(creds, ctx, OPTED_IN, b"gpu-tailor.io/backing"))
             asyncio.run(wait_mutating(creds, ctx, TRIVIAL, b"bench.gpu-tailor.io/seen"))
@@ -276,7 +309,11 @@ def main() -> int:
     parser.add_argument("--source", metavar="DIR", help="run the webhook from DIR/gpu_tailor, e.g. "
                         "`git archive HEAD gpu_tailor | tar -x -C DIR`, to compare two commits")
     parser.add_argument("--py-spy", metavar="OUT", help="record the webhook with py-spy (raw format) into OUT")
+    parser.add_argument("--anchor-like", metavar="PARTS", help="patch,conditions: the trivial webhook answers "
+                        "gpu-tailor's patch, or is registered with its matchConditions")
     args = parser.parse_args()
+    if not {p for p in (args.anchor_like or "").split(",") if p} <= {"patch", "conditions"}:
+        parser.error("--anchor-like takes patch and/or conditions")
     releases, why = find_releases()
     releases = [r for r in releases if args.release in (None, r.version, r.version.lstrip("v"))]
     if not releases:

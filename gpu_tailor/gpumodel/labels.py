@@ -57,5 +57,9 @@ ANN_GPUS_AMONG = "gpu-tailor.io/gpus-among"
 
 NAMESPACE_OPT_IN_LABEL = "gpu-tailor.io/enabled"
 POD_OPT_OUT_LABEL = "gpu-tailor.io/skip"
+# written by the webhook on every GPU pod it admits: the second webhook entry's objectSelector skips such a pod, so
+# each pod costs one webhook call (a label, not a matchCondition: kube-apiserver evaluates a label selector for next
+# to nothing, a CEL condition by converting the whole pod)
+POD_ADMITTED_LABEL = "gpu-tailor.io/admitted"
 # the schedulerName of the kube-scheduler profile that runs gpu-tailor's extender (manifests/scheduler)
 GPU_TAILOR_SCHEDULER = "gpu-tailor-scheduler"

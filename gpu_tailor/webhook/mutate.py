@@ -131,8 +131,8 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
                 warnings.append(f"no {choice.candidate.backing} is free right now; the pod waits for capacity")
             tolerations = (*tolerations, *choice.candidate.write.tolerations)
     elif labels.ANN_BACKING not in ((pod.get("metadata") or {}).get("annotations") or {}):
-        # a native ask, left as written (not one rewritten before this reinvocation): recorded all the same, the
-        # marker the second webhook entry skips on
+        # a native ask, left as written (not one rewritten before this reinvocation): recorded all the same, and
+        # labelled as admitted, which the second webhook entry skips on
         _annotate(pod, ask, isolation, backing)
     if policy.schedulerName and _takes_default_scheduler(pod):
         _obj(pod, "spec")["schedulerName"] = policy.schedulerName
@@ -385,3 +385,4 @@ def _annotate(pod: dict[str, Any], ask: PodAsk, isolation: Isolation, backing: s
     annotations = _obj(_obj(pod, "metadata"), "annotations")
     annotations[labels.ANN_ASK] = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     annotations[labels.ANN_BACKING] = backing
+    _obj(_obj(pod, "metadata"), "labels")[labels.POD_ADMITTED_LABEL] = "gpu"

@@ -13,14 +13,17 @@ refuses only what it must:
   annotation (which the webhook refuses: ``guard``). Let through unanswered, a portable ask would reach
   kube-scheduler as a resource no node has (Pending with a reason no user understands), a native ask
   would skip the limits == requests check, and a forged ``gpu-tailor.io/gpus`` would go unchecked;
-* ``cpu-pods.gpu-tailor.io``, ``failurePolicy: Ignore``: every pod CREATE the first entry has not rewritten
-  (``NOT_REWRITTEN``: no ``gpu-tailor.io/backing``, which the webhook writes on every GPU pod it admits). For a
-  pod without a GPU ask the webhook only routes it to gpu-tailor's scheduler (``cpuOnlyPods``); when it cannot
-  answer, the pod is created as it is and the default scheduler places it. So a GPU pod costs one call, and a
-  CPU-only pod one. It takes every CREATE but those on purpose: the API server reinvokes
+* ``cpu-pods.gpu-tailor.io``, ``failurePolicy: Ignore``: every pod CREATE the first entry has not admitted (its
+  ``objectSelector`` skips the label ``gpu-tailor.io/admitted``, which the webhook writes on every GPU pod it
+  admits). For a pod without a GPU ask the webhook only routes it to gpu-tailor's scheduler (``cpuOnlyPods``); when
+  it cannot answer, the pod is created as it is and the default scheduler places it. So a GPU pod costs one call,
+  and a CPU-only pod one. It takes every CREATE but those on purpose: the API server reinvokes
   (``reinvocationPolicy: IfNeeded``) only webhooks it has called once, so a GPU ask that a later webhook adds to
-  a CPU-only pod is handled only because this entry was called (its condition, evaluated again on the
-  reinvocation, still holds: nothing has written the marker).
+  a CPU-only pod is handled only because this entry was called (its selector, matched again on the reinvocation
+  against the pod as it is then, still takes it: nothing has written the label). A label, not a matchCondition:
+  kube-apiserver evaluates a CEL condition by converting the whole pod, the request and the namespace, which cost
+  it as much CPU per create as the rest of a webhook call (``benchmarks/webhook_create_latency.py
+  --anchor-like conditions``); a label selector costs next to nothing.
 
 No pod UPDATE reaches the webhook unless it touches a ``gpu-tailor.io/*`` annotation, so labels and
 finalizers keep working while it is down; the extender's GPUs arrive through ``pods/binding``, which no
@@ -77,8 +80,6 @@ _ANNOTATIONS_CHANGED = " ".join([
 ])
 GPU_PODS = (f"(request.operation == 'CREATE' && ({MAY_ASK_FOR_GPU})) ||"
             f" (request.operation == 'UPDATE' && ({_ANNOTATIONS_CHANGED}))")
-# A CREATE that the first entry has not rewritten: the marker is what the ask became, written on every GPU pod admitted.
-NOT_REWRITTEN = f"!(has(object.metadata.annotations) && '{labels.ANN_BACKING}' in object.metadata.annotations)"
 GPU_HOOK, CPU_HOOK = "pods.gpu-tailor.io", "cpu-pods.gpu-tailor.io"
 REPORTS_HOOK = "reports.gpu-tailor.io"
 AGENT_SERVICE_ACCOUNT = "gpu-tailor-agent"  # manifests/agent
@@ -96,7 +97,7 @@ def exempt_namespaces(namespace: str) -> list[str]:
 
 def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
     def hook(name: str, failure: str, timeout: int, operations: list[str],
-             condition: tuple[str, str] | None) -> dict[str, Any]:
+             condition: tuple[str, str] | None, skip: tuple[str, ...] = ()) -> dict[str, Any]:
         out: dict[str, Any] = {
             "name": name,
             "admissionReviewVersions": ["v1"],
@@ -115,6 +116,7 @@ def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
             ]},
             "objectSelector": {"matchExpressions": [
                 {"key": labels.POD_OPT_OUT_LABEL, "operator": "NotIn", "values": ["true"]},
+                *({"key": key, "operator": "DoesNotExist"} for key in skip),
             ]},
         }
         if condition is not None:
@@ -141,10 +143,10 @@ def webhook_configuration(service: str, namespace: str) -> dict[str, Any]:
         "metadata": {"name": WEBHOOK_CONFIG_NAME},
         "webhooks": [
             hook(GPU_HOOK, "Fail", 5, ["CREATE", "UPDATE"], ("gpu-ask-or-gpu-tailor-annotations-changed", GPU_PODS)),
-            # every CREATE the first entry did not rewrite: a pod that another webhook gives a GPU ask later is
+            # every CREATE the first entry did not admit: a pod that another webhook gives a GPU ask later is
             # handled when this entry is called again (the API server reinvokes only webhooks it has called once);
             # a CPU-only pod waits at most 3 s for an answer, then is created as it is
-            hook(CPU_HOOK, "Ignore", 3, ["CREATE"], ("not-rewritten-by-gpu-tailor", NOT_REWRITTEN)),
+            hook(CPU_HOOK, "Ignore", 3, ["CREATE"], None, skip=(labels.POD_ADMITTED_LABEL,)),
             reports,
         ],
     }

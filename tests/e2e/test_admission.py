@@ -46,9 +46,9 @@ class Admitted:
 
 
 ADMITTED = {
-    "a": Admitted({"main": {"nvidia.com/gpu": "2"}}),
+    "a": Admitted({"main": {"nvidia.com/gpu": "2"}}, "native"),
     # requests only: the webhook adds the limit the API server would otherwise refuse the pod for
-    "b": Admitted({"main": {"nvidia.com/gpu": "1"}}),
+    "b": Admitted({"main": {"nvidia.com/gpu": "1"}}, "native"),
     "d": Admitted({"main": {"nvidia.com/gpu": "1"}}, "shared:time-slicing:4", {
         "nvidia.com/gpu.product": [T4_SHARED], "nvidia.com/gpu.sharing-strategy": ["time-slicing"],
         "nvidia.com/gpu.replicas": ["4"]}),
@@ -56,8 +56,8 @@ ADMITTED = {
         "nvidia.com/gpu.product": [A100_40], "nvidia.com/mig.strategy": ["mixed"]}),
     "f": Admitted({"main": {"nvidia.com/mig-2g.10gb": "1"}}, "mig-2g.10gb", {
         "nvidia.com/gpu.product": [A100_40], "nvidia.com/mig.strategy": ["mixed"]}),
-    "g": Admitted({"main": {"nvidia.com/gpu.shared": "2"}}, warning="not combined into more GPU"),
-    "h": Admitted({"main": {"nvidia.com/mig-1g.5gb": "1"}}),
+    "g": Admitted({"main": {"nvidia.com/gpu.shared": "2"}}, "native", warning="not combined into more GPU"),
+    "h": Admitted({"main": {"nvidia.com/mig-1g.5gb": "1"}}, "native"),
     "i": Admitted({"main": {"nvidia.com/gpu": "1"}}, "whole", {"nvidia.com/gpu.product": [H100]}),
     "k": Admitted({"init-gpu": {"nvidia.com/gpu": "1"}, "trainer": {"nvidia.com/gpu": "1"}, "sidecar": {}}, "whole",
                   {"nvidia.com/gpu.product": [H100]}),

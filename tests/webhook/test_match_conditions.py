@@ -1,7 +1,7 @@
 """The webhook configuration's CEL matchCondition, evaluated with cel-python on real admission requests and on
 generated pods: every pod that may ask for a GPU reaches the ``Fail`` entry, and every pod CREATE the ``Ignore``
-one until the first has rewritten it (kube-apiserver evaluates the same expressions: tests/e2e shows it on real
-control planes)."""
+one until the first has admitted it (its label; kube-apiserver evaluates the same expressions and selectors:
+tests/e2e shows it on real control planes)."""
 
 from __future__ import annotations
 
@@ -32,8 +32,20 @@ def reaches(operation: str, pod: dict[str, Any], old: dict[str, Any] | None = No
     activation = {"request": json_to_cel({"operation": operation}), "object": json_to_cel(pod),
                   "oldObject": json_to_cel(old or {})}
     operations = {GPU_HOOK: {"CREATE", "UPDATE"}, CPU_HOOK: {"CREATE"}}
-    return {h["name"] for h in HOOKS if operation in operations[h["name"]]
+    return {h["name"] for h in HOOKS if operation in operations[h["name"]] and selects(h, pod)
             and (h["name"] not in CONDITIONS or CONDITIONS[h["name"]].evaluate(activation))}
+
+
+def selects(hook: dict[str, Any], pod: dict[str, Any]) -> bool:
+    """The entry's objectSelector on the pod's labels (the operators it uses)."""
+    have = (pod.get("metadata") or {}).get("labels") or {}
+    for e in hook["objectSelector"]["matchExpressions"]:
+        if e["operator"] == "NotIn" and have.get(e["key"]) in e["values"]:
+            return False
+        if e["operator"] == "DoesNotExist" and e["key"] in have:
+            return False
+        assert e["operator"] in ("NotIn", "DoesNotExist"), e
+    return True
 
 
 def test_the_captured_requests_reach_the_failing_entry_exactly_when_they_ask_for_a_gpu() -> None:
@@ -122,16 +134,17 @@ def test_only_the_agents_own_writes_of_reports_reach_the_reports_entry() -> None
 
 
 def test_a_pod_the_first_entry_rewrote_is_not_sent_again() -> None:
-    """Every captured GPU pod the webhook admits comes out of the first entry carrying its marker, so the second entry
-    (which follows it, in the configuration's order) skips it: one call per GPU pod. A CPU-only pod is rewritten by
-    the second entry alone, which writes no marker: a reinvocation after a later webhook still reaches it."""
+    """Every captured GPU pod the webhook admits comes out of the first entry labelled as admitted, so the second
+    entry (which follows it, in the configuration's order) skips it: one call per GPU pod. A CPU-only pod is
+    rewritten by the second entry alone, which writes no label: a reinvocation after a later webhook still reaches
+    it."""
     seen = 0
     for letter in "abdefghijk":
         decision, pod = run(letter)
         if not decision.allowed:
             continue
         seen += 1
-        assert pod["metadata"]["annotations"].get(labels.ANN_BACKING), letter
+        assert pod["metadata"]["labels"].get(labels.POD_ADMITTED_LABEL) == "gpu", letter
         assert CPU_HOOK not in reaches("CREATE", pod), letter
     assert seen >= 8
     decision, cpu_only = run("l")
