@@ -1,6 +1,7 @@
-"""``docs/reference.md`` names every name gpu-tailor reads or writes and every configuration key, and each value the
-annotations take; the pods in ``examples/`` are admitted, rewritten and placed on the fixture cluster as their
-comments say."""
+"""The docs name what the code reads and writes, and nothing else: ``docs/reference.md`` every ``gpu-tailor.io/`` name
+and each value the annotations take, ``docs/user-guide.md`` every name a user writes on a pod,
+``docs/configuration.md`` exactly the configuration keys; no page names a ``gpu-tailor.io/`` name the code does not
+know. The pods in ``examples/`` are admitted, rewritten and placed on the fixture cluster as their comments say."""
 
 from __future__ import annotations
 
@@ -19,7 +20,16 @@ from tests.examples import Example, examples
 from tests.tools.builders import fixture_cluster
 
 REPO = Path(__file__).resolve().parents[1]
-REFERENCE = (REPO / "docs" / "reference.md").read_text()
+DOCS = REPO / "docs"
+REFERENCE = (DOCS / "reference.md").read_text()
+USER_GUIDE = (DOCS / "user-guide.md").read_text()
+CONFIGURATION = (DOCS / "configuration.md").read_text()
+PAGES = {p.relative_to(REPO).as_posix(): p.read_text() for p in (REPO / "README.md", *sorted(DOCS.glob("*.md")))}
+# what a user writes on a pod: the portable resources, the pod annotations and the opt-out label
+USER_NAMES = (*labels.VIRTUAL_RESOURCES, labels.ANN_ISOLATION, labels.ANN_GPU_PRODUCT, labels.ANN_TOPOLOGY,
+              labels.POD_OPT_OUT_LABEL)
+# gpu-tailor.io/<x> strings that are no label, annotation or resource name: the CRD's API version
+NOT_NAMES = {"gpu-tailor.io/v1alpha1"}
 EXAMPLES = examples()
 
 
@@ -37,20 +47,37 @@ def keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return out
 
 
+def code_names() -> set[str]:
+    return {v for k, v in vars(labels).items()
+            if k.isupper() and isinstance(v, str) and v.startswith("gpu-tailor.io/")}
+
+
 def test_every_name_of_gpu_tailor_is_documented() -> None:
-    names = {v for k, v in vars(labels).items()
-             if k.isupper() and isinstance(v, str) and v.startswith("gpu-tailor.io/")}
+    names = code_names()
     assert len(names) >= 14
     missing = sorted(n for n in names if f"`{n}`" not in REFERENCE)
     assert not missing, f"docs/reference.md does not name {missing}"
     for value in (*Isolation, *Topology):
         assert f"`{value.value}`" in REFERENCE, value
+        assert f"`{value.value}`" in USER_GUIDE, value
+
+
+def test_every_name_a_user_writes_is_in_the_user_guide() -> None:
+    missing = sorted(n for n in USER_NAMES if n not in USER_GUIDE)
+    assert not missing, f"docs/user-guide.md does not show {missing}"
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_no_page_names_an_unknown_name(page: str) -> None:
+    named = set(re.findall(r"gpu-tailor\.io/[a-z0-9][a-z0-9.-]*[a-z0-9]", PAGES[page]))
+    unknown = sorted(named - code_names() - NOT_NAMES)
+    assert not unknown, f"{page} names {unknown}, which gpu_tailor/gpumodel/labels.py does not define"
 
 
 @pytest.mark.parametrize(("model", "heading"), [(AdmissionPolicy, "## The webhook's `--config`"),
                                                 (Settings, "## The extender's `--config`")])
 def test_every_configuration_key_is_documented(model: type[BaseModel], heading: str) -> None:
-    section = REFERENCE.split(heading, 1)[1].split("\n## ", 1)[0]
+    section = CONFIGURATION.split(heading, 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `([^`]+)` \|", section, re.M))
     assert set(keys(model)) == documented
 

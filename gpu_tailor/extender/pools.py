@@ -12,7 +12,8 @@ Per pool:
   where it is (FGD's measure, the one the policy lowers), in GPUs.
 
 Cordoned nodes, and nodes that sell no GPU yet (initializing), count in no pool. The values are the extender's
-view: which GPU a pod holds is a prediction on device-plugin pools (README).
+view: which GPU a pod holds is a prediction on device-plugin pools (docs/concepts.md,
+"Predicted and reported GPUs").
 """
 
 from __future__ import annotations

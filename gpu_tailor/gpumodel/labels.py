@@ -36,7 +36,7 @@ GPU_SHARED_RESOURCE = "nvidia.com/gpu.shared"
 GPU_TAINT_KEY = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # nvidia.com/mig-<profile>: MIG instances (the mixed strategy)
 # One scheduler for the GPU nodes gpu-tailor packs: taint them gpu-tailor.io/managed:NoSchedule and only the
-# pods the webhook sends to gpu-tailor-scheduler tolerate it (README, "One scheduler per GPU node")
+# pods the webhook sends to gpu-tailor-scheduler tolerate it (docs/admin.md, "The taint")
 MANAGED_TAINT_KEY = "gpu-tailor.io/managed"
 
 # --- gpu-tailor's own vocabulary ---------------------------------------------------------------

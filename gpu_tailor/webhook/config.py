@@ -92,7 +92,7 @@ class AdmissionPolicy(BaseModel):
     schedulerName: str = labels.GPU_TAILOR_SCHEDULER
     # Pods of an opted-in namespace that ask for no GPU go to ``schedulerName`` too, so the extender
     # places their CPU and memory where they strand no GPU. Left to a scheduler that spreads, they
-    # take the CPU beside free GPUs: on the openb replay (README, "The openb trace on a real control
+    # take the CPU beside free GPUs: on the openb replay (docs/design.md, "The openb trace on a real control
     # plane") allocation fell by 3.5 points.
     cpuOnlyPods: bool = True
     defaultIsolation: Isolation = Isolation.ANY

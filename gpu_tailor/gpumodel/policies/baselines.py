@@ -2,7 +2,7 @@
 
 random, dotprod, bestfit, gpupacking and gpuclustering, scored in the paper's integer points (a
 sharing pod's ties go to the node's fitting GPU with the least free share), so that their allocation
-on the openb trace can be checked against the paper's (README, "Placement").
+on the openb trace can be checked against the paper's (docs/design.md, "Results on the openb trace").
 """
 
 from __future__ import annotations
