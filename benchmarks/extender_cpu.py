@@ -11,14 +11,20 @@ the same event loop). The same requests go to a no-op app (schedbench's B: echo 
 Prints the process CPU per pod of each, and the difference: what the extender adds per pod over
 doing nothing (the client's share is in both).
 
-    python benchmarks/extender_cpu.py [--nodes 1000] [--pods 2000] [--candidates 420]
+    python benchmarks/extender_cpu.py [--nodes 1000] [--pods 2000] [--candidates 420] [--profile 15]
+
+``--profile N`` runs gpu-tailor's replay under cProfile (which slows it, so the CPU figures above come from a run
+without it) and prints the N functions that spend the most CPU of their own, per pod: where the extender's time goes
+beyond parsing and answering.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
+import pstats
 import time
 import uuid
 from typing import Any
@@ -131,6 +137,29 @@ async def main(args: argparse.Namespace) -> None:
     print(f"  no-op extender (filter+prioritize):        {noop * 1e3:6.2f} ms")
     print(f"  gpu-tailor (watch+filter+prioritize+bind): {ours * 1e3:6.2f} ms")
     print(f"  difference:                                {(ours - noop) * 1e3:6.2f} ms")
+    if args.profile:
+        await profile(args, names)
+
+
+async def profile(args: argparse.Namespace, names: list[str]) -> None:
+    """gpu-tailor's replay again, on a fresh cache, under cProfile: the functions with the most CPU of their own."""
+    cache = Cache()
+    cache.reset_nodes([node(n) for n in names])
+    cache.reset_pods([])
+    binder = Binder()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    await replay(make_app(cache, binder), cache, binder, args, names)
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    total = sum(tt for _, _, tt, _, _ in stats.values())
+    print(f"under cProfile, {total / args.pods * 1e3:.2f} ms per pod; the {args.profile} functions with the most "
+          "CPU of their own:")
+    print(f"  {'ms/pod':>7} {'share':>6} {'calls/pod':>10}  function")
+    ranked = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:args.profile]
+    for (path, line, func), (_, calls, tt, _, _) in ranked:
+        where = path.split("site-packages/")[-1].split("gpu_tailor/")[-1] if path != "~" else "builtin"
+        print(f"  {tt / args.pods * 1e3:>7.3f} {tt / total:>6.1%} {calls / args.pods:>10.1f}  {func} ({where}:{line})")
 
 
 if __name__ == "__main__":
@@ -138,4 +167,5 @@ if __name__ == "__main__":
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--pods", type=int, default=2000)
     p.add_argument("--candidates", type=int, default=420)
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="then profile, printing the top N functions")
     asyncio.run(main(p.parse_args()))
