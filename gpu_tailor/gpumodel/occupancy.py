@@ -110,7 +110,9 @@ class NodeGpus:
         self.unhealthy: frozenset[int] | None = None
         self.policy = policy  # how the device plugin hands out replicas here
         self.placements: dict[str, Placement] = {}
-        self._unsure_pods: set[str] = set()  # the placements with a ``maybe``
+        # per GPU, how many placements' ``maybe`` name it (kept as placements come and go: ``unsure`` is asked on
+        # every prediction, and walking the placements there grew with the pods picked among equals)
+        self._unsure: dict[int, int] = {}
 
     @property
     def per_gpu_known(self) -> bool:
@@ -152,14 +154,14 @@ class NodeGpus:
         other.topology, other.usable, other.policy = self.topology, self.usable, self.policy
         other.unhealthy, other._sold = self.unhealthy, self._sold
         other.placements = dict(self.placements)
-        other._unsure_pods = set(self._unsure_pods)
+        other._unsure = dict(self._unsure)
         return other
 
     # --- the single writer's operations --------------------------------------------------------
     def clear(self) -> None:
         """Forget every placement (before a relist re-places the pods)."""
         self.placements.clear()
-        self._unsure_pods.clear()
+        self._unsure.clear()
         self.slots = [GpuSlot(s.index, s.memory_mib) for s in self.slots]
 
     def place(self, pod: str, placement: Placement) -> None:
@@ -167,8 +169,8 @@ class NodeGpus:
         if pod in self.placements:
             self.release(pod)
         self.placements[pod] = placement
-        if placement.maybe:
-            self._unsure_pods.add(pod)
+        for g in placement.maybe:
+            self._unsure[g] = self._unsure.get(g, 0) + 1
         for g in placement.gpus:
             if not 0 <= g < len(self.slots):
                 continue  # a recorded GPU this node no longer reports: keep the pod, skip the slot
@@ -187,7 +189,12 @@ class NodeGpus:
         placement = self.placements.pop(pod, None)
         if placement is None:
             return None
-        self._unsure_pods.discard(pod)
+        for g in placement.maybe:
+            left = self._unsure[g] - 1
+            if left:
+                self._unsure[g] = left
+            else:
+                del self._unsure[g]
         for g in placement.gpus:
             if not 0 <= g < len(self.slots):
                 continue
@@ -208,10 +215,7 @@ class NodeGpus:
     def unsure(self) -> frozenset[int]:
         """The GPUs an earlier prediction among equals may have handed out instead of the ones it wrote down
         (the union of the placements' ``maybe``): which of them is free is not known until a node agent says."""
-        out: set[int] = set()
-        for pod in self._unsure_pods:
-            out.update(self.placements[pod].maybe)
-        return frozenset(out)
+        return frozenset(self._unsure)
 
     def sold_but_lost(self) -> frozenset[int]:
         """The GPUs a node agent reports lost that the device plugin may still hand out: the node's allocatable

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gpu_tailor.gpumodel.occupancy import (
     NodeGpus,
     Placement,
@@ -177,3 +180,23 @@ def test_a_lost_gpu_the_device_plugin_still_sells_may_be_handed_out() -> None:
     told.set_unhealthy([7])
     assert told.sold_but_lost() == frozenset()
     assert told.predict_whole_among(7) == ((0, 1, 2, 3, 4, 5, 6), ())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcde"), st.booleans(),
+                          st.lists(st.integers(0, 7), max_size=4, unique=True)), max_size=30))
+def test_unsure_is_the_union_of_the_placements_sets_as_they_come_and_go(
+        steps: list[tuple[str, bool, list[int]]]) -> None:
+    """``unsure`` is kept per GPU as placements are made, replaced and released: always the union of the ``maybe``
+    sets of the placements held, and a copy keeps its own."""
+    node = NodeGpus(8, 81559, topology=nvswitch(8))
+    for pod, place, maybe in steps:
+        if place:
+            node.place(pod, Placement(tuple(sorted(maybe))[:1], maybe=tuple(sorted(maybe))))
+        else:
+            node.release(pod)
+        held = {g for p in node.placements.values() for g in p.maybe}
+        assert node.unsure() == held
+        twin = node.copy()
+        twin.clear()
+        assert twin.unsure() == frozenset() and node.unsure() == held
