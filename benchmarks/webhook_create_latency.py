@@ -27,7 +27,8 @@ scheduled; in the opted-in namespace the webhook then leaves schedulerName alone
 
 ``--anchor-like patch,conditions`` makes the trivial webhook more like gpu-tailor's, to tell where the difference
 goes: ``patch`` answers the JSONPatch gpu-tailor's webhook answers for the same pod (asked once, before the
-rounds), ``conditions`` registers it with gpu-tailor's two pod entries' matchConditions.
+rounds), ``conditions`` registers it with the matchConditions of gpu-tailor's pod entries (the GPU entry's CEL
+condition; the other has none).
 """
 
 from __future__ import annotations

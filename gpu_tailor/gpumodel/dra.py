@@ -1,6 +1,7 @@
 """GPUs published through Dynamic Resource Allocation by NVIDIA's DRA driver (``gpu.nvidia.com``): the devices
 of each node's pools, read from ResourceSlices (``resource.k8s.io/v1``), and which of them allocated
-ResourceClaims hold. The first layer of issue 27; nothing routes asks here yet.
+ResourceClaims hold. The inventory layer of DRA pools (docs/admin.md, "DRA pools"): asks are routed to these
+devices by ``gpumodel/devices/dra.py``.
 
 What the driver publishes (kubernetes-sigs/dra-driver-nvidia-gpu, ``cmd/gpu-kubelet-plugin/deviceinfo.go`` and
 ``mig.go``; ``../shared/docs/dra-facts.md`` in this project's workspace has the details and sources):

@@ -36,7 +36,7 @@ from tests.gpumodel.dra_slices import device_classes
 
 pytestmark = pytest.mark.e2e
 
-MANAGED = {"key": labels.MANAGED_TAINT_KEY, "effect": "NoSchedule"}  # one scheduler per GPU node (README)
+MANAGED = {"key": labels.MANAGED_TAINT_KEY, "effect": "NoSchedule"}  # one scheduler per GPU node (docs/admin.md)
 HGX, T4 = "hgx-0", "t4-0"
 
 

@@ -1,6 +1,6 @@
 """The openb trace on a real control plane lands where the simulator says, pod for pod (issue 20).
 
-A small cut of ``benchmarks/cluster_replay.py`` (the README's "The openb trace on a real control plane"):
+A small cut of ``benchmarks/cluster_replay.py`` (docs/design.md, "The openb trace on a real control plane"):
 5% of each GPU model's openb nodes as fake Nodes on a control plane of its own (the session's holds the
 fixture nodes and other tests' pods, which the extender would count and learn from), the trace's pods
 created one at a time through the webhook and gpu-tailor-scheduler as shipped, and the same arrivals
