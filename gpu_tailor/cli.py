@@ -13,6 +13,17 @@ from collections.abc import Sequence
 from gpu_tailor import __version__
 from gpu_tailor.tools.cli import add_commands  # its flags only: the standard library at import
 
+# Every --config key, named in --help (tests/test_cli.py holds these to the models; the models are not imported here,
+# so that the CLI starts without pydantic); docs/configuration.md describes each.
+WEBHOOK_CONFIG_HELP = (
+    "YAML policy (docs/configuration.md): schedulerName (default gpu-tailor-scheduler), cpuOnlyPods (true), "
+    "defaultIsolation (any), onMismatch (deny, or useLimits), offerings: pools scaled to zero, each with backing, "
+    "product, migProfile, migStrategy, replicas, renamed, failRequestsGreaterThanOne, gpuMemory, gpusPerNode, "
+    "nodeSelector")
+EXTENDER_CONFIG_HELP = (
+    "YAML settings (docs/configuration.md): maxBodyMiB (default 64), ties (rank | whole | blocks | multi-blocks, "
+    "default multi-blocks), prior: weight, floor, minGpus (whole-node jobs the learnt pod mix counts from the start)")
+
 
 def _cluster_source(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
@@ -56,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     wh.add_argument("--renew-before", type=int, default=30, metavar="DAYS", help="renew when this close to expiry")
     wh.add_argument("--certs-sync-interval", type=float, default=60.0, metavar="SECONDS",
                     help="how often the Secret and the caBundle are checked (with --certs-secret)")
-    wh.add_argument("--config", metavar="FILE", help="YAML policy: declared offerings, scheduler name, defaults")
+    wh.add_argument("--config", metavar="FILE", help=WEBHOOK_CONFIG_HELP)
     wh.add_argument("--agent-namespace", metavar="NAME",
                     help="namespace of the node agents whose NodeGPUReport writes /reports checks (default: "
                          "--certs-secret's namespace, else gpu-tailor)")
@@ -74,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--listen", default="127.0.0.1:8888", metavar="HOST:PORT", help="address to serve on")
     ex.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate (optional)")
     ex.add_argument("--tls-key", metavar="FILE", help="private key for --tls-cert")
-    ex.add_argument("--config", metavar="FILE", help="YAML settings: maxBodyMiB (default 64)")
+    ex.add_argument("--config", metavar="FILE", help=EXTENDER_CONFIG_HELP)
     ex.add_argument("--metrics-listen", metavar="HOST:PORT",
                     help="also serve /metrics, /healthz, /readyz and /livez here over plain HTTP (e.g. 0.0.0.0:9090, "
                          "the pod IP for Prometheus and the kubelet), and nothing else: the verbs stay on --listen")

@@ -50,3 +50,20 @@ def test_webhook_certificate_flags_are_checked_before_anything_starts(
         argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["webhook", *argv]) == 2
     assert fragment in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cmd", ["webhook", "extender"])
+def test_help_names_every_config_key(cmd: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each ``--config`` key of the service's model, nested ones included, is named in its ``--help``."""
+    from pydantic import BaseModel
+
+    from gpu_tailor.extender.__main__ import Settings
+    from gpu_tailor.webhook.config import AdmissionPolicy
+    from tests.test_reference import keys
+
+    with pytest.raises(SystemExit):
+        main([cmd, "--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    model: type[BaseModel] = AdmissionPolicy if cmd == "webhook" else Settings
+    missing = [k for k in keys(model) if k.rsplit(".", 1)[-1].removeprefix("offerings[]") not in said]
+    assert not missing, f"gpu-tailor {cmd} --help does not name {missing}"
