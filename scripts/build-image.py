@@ -75,8 +75,20 @@ def debian_root(root: Path, debs: Path) -> list[str]:
     return got
 
 
+# what building the project's wheel reads (pyproject.toml names the README); built from a copy, so that the build
+# writes nothing into the checkout and two builds at once (the test suite's two processes) never share a folder
+SOURCES = ("pyproject.toml", "README.md", "gpu_tailor")
+
+
 def wheels(into: Path) -> None:
-    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--prefer-binary", "--wheel-dir", str(into), str(REPO))
+    source = into.parent / "source"
+    for name in SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            source.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
+    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--prefer-binary", "--wheel-dir", str(into), str(source))
 
 
 def version() -> str:

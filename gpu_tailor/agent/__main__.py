@@ -35,8 +35,8 @@ class Agent:
     def __init__(self, node: str, kubelet: podresources.Client, driver: Any | None) -> None:
         self.node, self.kubelet, self.driver = node, kubelet, driver
         self.last: NodeReport | None = None  # as last written (reports that differ only in time are equal)
-        # every device UUID NVML has named, to its GPU: a GPU the driver loses can no longer be asked its UUID, but a
-        # pod the device plugin gave it still holds it (indices stay as they are until the node reboots)
+        # device UUIDs NVML named, to their GPU: a GPU the driver loses can no longer be asked its UUID, but a pod the
+        # device plugin gave it still holds it (``collect.remembered`` says which are kept)
         self.seen: dict[str, int] = {}
 
     async def look(self) -> NodeReport:
@@ -44,7 +44,8 @@ class Agent:
         offered = await self.kubelet.allocatable()
         reading = nvml.read(self.driver) if self.driver is not None else None
         if reading is not None:
-            self.seen.update(collect.uuids(reading))
+            named = {i.split("::", 1)[0] for d in (*assigned, *offered) for i in d.ids}
+            self.seen = collect.remembered(self.seen, reading, named)
         return collect.build(self.node, assigned, offered, reading, now(), known=self.seen)
 
     async def publish(self, custom: Any, core: Any, report: NodeReport, renew: bool = False) -> bool:

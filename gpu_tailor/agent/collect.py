@@ -46,6 +46,14 @@ def uuids(reading: Reading) -> dict[str, int]:
     return out
 
 
+def remembered(seen: dict[str, int], reading: Reading, named: set[str]) -> dict[str, int]:
+    """The UUIDs to keep knowing: those ``reading`` names, and those NVML named before that a device of the kubelet
+    still names (``named``) on a GPU NVML cannot read now (lost). A UUID whose GPU index a readable GPU holds now is
+    forgotten: a MIG device cut away, or indices moved by a driver reload."""
+    readable = {g.index for g in reading.gpus if g.uuid}
+    return {**{u: i for u, i in seen.items() if u in named and i not in readable}, **uuids(reading)}
+
+
 def build(node: str, assigned: list[Devices], allocatable: list[Devices], reading: Reading | None,
           observed_at: str, known: dict[str, int] | None = None) -> NodeReport:
     """``known``: UUIDs an earlier reading named (a GPU lost since cannot say its own), under this reading's."""

@@ -18,6 +18,7 @@ view: which GPU a pod holds is a prediction on device-plugin pools (docs/concept
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -92,8 +93,24 @@ class AgentMetrics:
         nodes = GaugeMetricFamily("gpu_tailor_agent_reports", "Nodes whose agent's NodeGPUReport the extender holds")
         nodes.add_metric([], len(self.cache.reports))
         yield nodes
+        seen = GaugeMetricFamily("gpu_tailor_agent_report_observed_timestamp_seconds",
+                                 "When the node agent observed what the NodeGPUReport the extender holds says, per "
+                                 "node (Unix time)", labels=["node"])
+        for name, report in sorted(self.cache.reports.items()):
+            at = _unix(report.observed_at)
+            if at is not None:
+                seen.add_metric([name], at)
+        yield seen
         wrong = CounterMetricFamily("gpu_tailor_agent_contradictions",
                                     "Pods whose GPUs, as a node agent reported them, the extender's prediction "
                                     "(or bind's annotation) did not allow")
         wrong.add_metric([], self.cache.contradictions)
         yield wrong
+
+
+def _unix(stamp: str) -> float | None:
+    """A report's ``observedAt`` (RFC 3339, UTC) as Unix time; None when unreadable."""
+    try:
+        return dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+    except ValueError:
+        return None

@@ -219,7 +219,9 @@ class NodeGpus:
 
     def sold_but_lost(self) -> frozenset[int]:
         """The GPUs a node agent reports lost that the device plugin may still hand out: the node's allocatable
-        counts more GPUs than the report leaves (NVIDIA's plugin learns of a loss only from an Xid event)."""
+        counts more GPUs than the report leaves (NVIDIA's plugin learns of a loss only from an Xid event). Which of
+        the unsold GPUs the plugin still sells is not told, so all of them are named: safe (a pick among them is no
+        contradiction) though wider than it may be, until allocatable and the report agree again."""
         if not self.unhealthy or self._sold <= len(self.slots) - len(self.unhealthy):
             return frozenset()
         return self.unhealthy

@@ -74,7 +74,7 @@ def _rewritten_by_us(annotations: dict[str, Any], ask: PodAsk) -> bool:
             resources |= set(c.native)
         elif was.get("native") != dict(sorted(c.native.items())):
             return False
-    return len(resources) == 1 or (not resources and annotations[labels.ANN_BACKING] == "native")
+    return len(resources) == 1 or (not resources and ask.has_gpu and annotations[labels.ANN_BACKING] == "native")
 
 
 def _claimed_by_us(annotations: dict[str, Any], ask: PodAsk, pod: dict[str, Any]) -> bool:

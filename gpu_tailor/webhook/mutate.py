@@ -131,9 +131,10 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
                 warnings.append(f"no {choice.candidate.backing} is free right now; the pod waits for capacity")
             tolerations = (*tolerations, *choice.candidate.write.tolerations)
     elif labels.ANN_BACKING not in ((pod.get("metadata") or {}).get("annotations") or {}):
-        # a native ask, left as written (not one rewritten before this reinvocation): recorded all the same, and
-        # labelled as admitted, which the second webhook entry skips on
+        # a native ask, left as written (not one rewritten before this reinvocation): recorded all the same
         _annotate(pod, ask, isolation, backing)
+    # every GPU pod admitted, reinvoked or not: the second webhook entry skips a pod so labelled
+    _obj(_obj(pod, "metadata"), "labels")[labels.POD_ADMITTED_LABEL] = "gpu"
     if policy.schedulerName and _takes_default_scheduler(pod):
         _obj(pod, "spec")["schedulerName"] = policy.schedulerName
     if policy.schedulerName and (pod.get("spec") or {}).get("schedulerName") == policy.schedulerName:
@@ -385,4 +386,3 @@ def _annotate(pod: dict[str, Any], ask: PodAsk, isolation: Isolation, backing: s
     annotations = _obj(_obj(pod, "metadata"), "annotations")
     annotations[labels.ANN_ASK] = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     annotations[labels.ANN_BACKING] = backing
-    _obj(_obj(pod, "metadata"), "labels")[labels.POD_ADMITTED_LABEL] = "gpu"

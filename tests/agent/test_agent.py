@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,6 +153,9 @@ async def test_the_contradictions_of_a_prediction_are_counted_once(socket_dir: P
     registry.register(AgentMetrics(cache))
     scraped = generate_latest(registry).decode()
     assert "gpu_tailor_agent_contradictions_total 2.0" in scraped and "gpu_tailor_agent_reports 1.0" in scraped
+    observed = dt.datetime.strptime(obj["spec"]["observedAt"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    held = re.search(rf'^gpu_tailor_agent_report_observed_timestamp_seconds{{node="{T4}"}} (\S+)$', scraped, re.M)
+    assert held is not None and float(held.group(1)) == observed.timestamp()
 
 
 async def test_a_report_within_the_predicted_set_is_no_contradiction(socket_dir: Path) -> None:

@@ -292,8 +292,9 @@ class RealNode:
     def make_cgroup_root(self) -> None:
         self.cgroup = f"/gpu-tailor/{self.name}-{self.cp.api_port}"  # two control planes may each have an hgx-0
         for hierarchy in _cgroup_v1_roots():
+            # parents too: another process's last node may remove the shared parent between two mkdirs
+            (hierarchy / self.cgroup.lstrip("/")).mkdir(parents=True, exist_ok=True)
             for depth in (hierarchy / "gpu-tailor", hierarchy / self.cgroup.lstrip("/")):
-                depth.mkdir(exist_ok=True)
                 if hierarchy.name.startswith("cpuset"):  # a cpuset cgroup takes no task until it has cpus and mems
                     for f in ("cpuset.cpus", "cpuset.mems"):
                         if not (depth / f).read_text().strip():

@@ -11,6 +11,7 @@ webhook at the node's address (``clientConfig.url``, the serving certificate nam
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import re
 import urllib.request
@@ -211,8 +212,17 @@ def check_records(c: InCluster, pods: list[Obj]) -> None:
     report = api_path("nodegpureports", name=NODE, group="gpu-tailor.io/v1alpha1")
     wait_for(lambda: c.kube.exists(report) and realnode.held_by_pod(c.kube.get(report)) == given, 60,
              "the agent's report naming what each pod holds", interval=0.5, context=c.context)
+    at = dt.datetime.strptime(c.kube.get(report)["spec"]["observedAt"], "%Y-%m-%dT%H:%M:%SZ").replace(
+        tzinfo=dt.UTC).timestamp()
+
+    def held() -> bool:  # the extender holds that report: what it contradicts is counted by now
+        found = re.search(rf'^gpu_tailor_agent_report_observed_timestamp_seconds{{node="{NODE}"}} (\S+)$',
+                          c.metrics(), re.M)
+        return found is not None and float(found.group(1)) >= at
+
+    wait_for(held, 30, "the extender to hold the node's report", interval=0.2, context=c.context)
     found = re.search(r"^gpu_tailor_agent_contradictions_total (\S+)$", c.metrics(), re.M)
-    assert found is None or float(found.group(1)) == 0, found
+    assert found is not None and float(found.group(1)) == 0, found
 
 
 def delete_pods(c: InCluster, pods: list[Obj]) -> None:

@@ -11,6 +11,7 @@ contradicts is counted (``gpu_tailor_agent_contradictions_total``) and none is.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import re
 import urllib.request
@@ -158,6 +159,7 @@ def check(real: Real, node: str, pods: list[Obj]) -> None:
     if real.agents:
         wait_for(lambda: _reported(real, node, given), 30, f"{node}'s report naming what its pods hold",
                  interval=0.5, context=lambda: context(real))
+        wait_applied(real, node)
     state = picture(real).nodes[node].gpus
     if node != T4:  # whole GPUs: a GPU given away must not be named free
         wrongly_free = held & set(state.surely_free())
@@ -167,6 +169,20 @@ def check(real: Real, node: str, pods: list[Obj]) -> None:
             placed = state.placements.get(key)
             assert placed is not None and tuple(sorted(placed.gpus)) == gpus, f"{key}: the picture says {placed}"
     assert contradictions(real) == 0
+
+
+def wait_applied(real: Real, node: str) -> None:
+    """Until the extender holds the node's report as the API has it now (its observedAt, as the extender exports it):
+    what it counts as contradicted is then counted."""
+    report = real.kube.get(api_path("nodegpureports", name=node, group="gpu-tailor.io/v1alpha1"))
+    at = dt.datetime.strptime(report["spec"]["observedAt"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
+
+    def held() -> bool:
+        found = re.search(rf'^gpu_tailor_agent_report_observed_timestamp_seconds{{node="{node}"}} (\S+)$',
+                          metrics(real), re.M)
+        return found is not None and float(found.group(1)) >= at
+
+    wait_for(held, 30, f"the extender to hold {node}'s report", interval=0.2, context=lambda: context(real))
 
 
 def _reported(real: Real, node: str, given: dict[str, tuple[int, ...]]) -> bool:
@@ -317,6 +333,12 @@ def test_a_lost_gpu_is_no_longer_placed_on_and_explain_names_it(real: Real) -> N
         notes = running(real, seven)["metadata"]["annotations"]
         assert parse_gpu_annotation(notes[labels.ANN_GPUS]) == tuple(range(7)), notes
         assert parse_gpu_annotation(notes[labels.ANN_GPUS_AMONG]) == tuple(range(8)), notes
+        # the agent still reports the pod on all 7 GPUs it holds (a lost GPU's UUID remembered), within the set
+        key = f"{OPTED_IN}/{seven}"
+        wait_for(lambda: len(realnode.held_by_pod(real.kube.get(report)).get(key, ())) == 7, 60,
+                 f"{HGX}'s report naming the 7 GPUs {seven} holds", interval=0.5, context=lambda: context(real))
+        wait_applied(real, HGX)
+        assert contradictions(real) == 0
         delete(real, [seven])
     finally:
         node.inject({})

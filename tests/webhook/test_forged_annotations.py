@@ -171,3 +171,20 @@ def test_update_with_malformed_annotations_is_400() -> None:
     request["object"]["metadata"]["annotations"] = ["x"]
     d = answer(request)
     assert (d.allowed, d.code) == (False, 400)
+
+
+def test_a_native_record_forged_on_a_gpu_less_pod_is_removed() -> None:
+    """A CPU-only pod claiming a native record (no GPU in it) is no reinvocation of the webhook's own: dropped, said."""
+    native = {labels.ANN_BACKING: "native", labels.ANN_ASK: '{"containers":{"main":{"native":{}}}}'}
+    d, pod = admitted(forged("l", native))
+    assert not set(native) & set(annotations_of(pod))
+    assert sorted(w.split()[1] for w in d.warnings if "removed" in w) == sorted(native)
+
+
+def test_a_native_pod_with_copied_records_is_still_labelled_admitted() -> None:
+    """A native GPU pod created with records copied from another (consistent, so taken as the webhook's own) still
+    leaves labelled as admitted: the second webhook entry skips it, one call."""
+    _, first = admitted(copy.deepcopy(review_fixture("a"))["request"])
+    copied = {k: v for k, v in annotations_of(first).items() if k in (labels.ANN_ASK, labels.ANN_BACKING)}
+    _, pod = admitted(forged("a", copied))
+    assert pod["metadata"]["labels"][labels.POD_ADMITTED_LABEL] == "gpu"
