@@ -34,6 +34,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -211,6 +212,7 @@ class RealNode:
     healthz: str = ""
     gpus: MockGpus | None = None
     gfd_labels: dict[str, str] = field(default_factory=dict)
+    sockets: Path | None = None  # containerd's sockets (``containerd_socket``)
 
     # -- paths -------------------------------------------------------------------------------------------------
     @property
@@ -221,7 +223,11 @@ class RealNode:
 
     @property
     def containerd_socket(self) -> Path:
-        return self.home / "containerd" / "containerd.sock"
+        """In a short folder of its own: a unix socket's path may not pass 104 bytes (containerd's ttrpc socket adds
+        ``.ttrpc``), and pytest's folders under two worker processes come close to it."""
+        if self.sockets is None:
+            self.sockets = Path(tempfile.mkdtemp(prefix="gt-", dir="/tmp"))
+        return self.sockets / "containerd.sock"
 
     @property
     def pod_resources_socket(self) -> Path:
@@ -307,9 +313,9 @@ class RealNode:
             top = hierarchy / self.cgroup.lstrip("/")
             if not top.is_dir():
                 continue
-            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            for folder, _, _ in os.walk(top, topdown=False):  # deepest first; a folder gone meanwhile is skipped
                 with contextlib.suppress(OSError):
-                    d.rmdir()
+                    os.rmdir(folder)
             with contextlib.suppress(OSError):
                 top.rmdir()
             with contextlib.suppress(OSError):  # the parent too, once no other node's is in it
@@ -612,10 +618,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         own."""
         pids: set[int] = set()
         for hierarchy in _cgroup_v1_roots() if self.cgroup else ():
-            top = hierarchy / self.cgroup.lstrip("/")
-            for procs in top.rglob("cgroup.procs") if top.is_dir() else ():
-                with contextlib.suppress(OSError):
-                    pids.update(int(p) for p in procs.read_text().split())
+            # the kubelet and runc remove cgroups while this walks them: a folder gone is skipped, not an error
+            for folder, _, files in os.walk(hierarchy / self.cgroup.lstrip("/")):
+                if "cgroup.procs" in files:
+                    with contextlib.suppress(OSError):
+                        pids.update(int(p) for p in (Path(folder) / "cgroup.procs").read_text().split())
         return sorted(pids)
 
     def down(self) -> None:
@@ -643,6 +650,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             self.holder.wait(timeout=30)
         self.remove_cgroup_root()
         _unmount_under(self.home)
+        if self.sockets is not None:
+            shutil.rmtree(self.sockets, ignore_errors=True)
         left = self._cgroup_pids()
         assert not left, f"processes {left} outlived node {self.name}"
 
