@@ -18,7 +18,6 @@ view: which GPU a pod holds is a prediction on device-plugin pools (docs/concept
 
 from __future__ import annotations
 
-import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -28,6 +27,7 @@ from gpu_tailor.extender.cache import Cache
 from gpu_tailor.gpumodel.devices.base import BackingKind
 from gpu_tailor.gpumodel.fleet import MILLI
 from gpu_tailor.gpumodel.inventory import NodeInventory
+from gpu_tailor.gpumodel.report import parse_time
 
 FEED_CPU_MILLI = 1000
 FEED_MEMORY_MIB = 1024
@@ -97,9 +97,9 @@ class AgentMetrics:
                                  "When the node agent observed what the NodeGPUReport the extender holds says, per "
                                  "node (Unix time)", labels=["node"])
         for name, report in sorted(self.cache.reports.items()):
-            at = _unix(report.observed_at)
+            at = parse_time(report.observed_at)
             if at is not None:
-                seen.add_metric([name], at)
+                seen.add_metric([name], at.timestamp())
         yield seen
         wrong = CounterMetricFamily("gpu_tailor_agent_contradictions",
                                     "Pods whose GPUs, as a node agent reported them, the extender's prediction "
@@ -107,10 +107,3 @@ class AgentMetrics:
         wrong.add_metric([], self.cache.contradictions)
         yield wrong
 
-
-def _unix(stamp: str) -> float | None:
-    """A report's ``observedAt`` (RFC 3339, UTC) as Unix time; None when unreadable."""
-    try:
-        return dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
-    except ValueError:
-        return None

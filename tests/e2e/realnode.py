@@ -29,6 +29,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -36,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.report import parse_time
 from tests.conftest import free_port
 from tests.e2e import images
 from tests.e2e.cluster import ControlPlane, Release, log_tail
@@ -695,6 +697,42 @@ def real_pod(name: str, limits: dict[str, str], product: str, topology: str | No
                 "name": "main", "image": images.BUSYBOX,
                 "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; sleep 2147483647 & wait"],
                 "resources": {"limits": dict(limits)}}]}}
+
+
+def running(kube: Kube, namespace: str, name: str, timeout: float = 90,
+            context: Callable[[], str] | None = None) -> Obj:
+    """The pod once Running; fails at once where the kubelet refused it (UnexpectedAdmissionError, OutOf...)."""
+    def phase() -> Obj | None:
+        pod = kube.get(api_path("pods", namespace, name))
+        status = pod.get("status") or {}
+        if status.get("phase") == "Failed":
+            raise AssertionError(f"the kubelet refused {name}: {status.get('reason')}: {status.get('message')}")
+        return pod if status.get("phase") == "Running" else None
+
+    found = wait_for(phase, timeout, f"pod {name} Running", interval=0.2, context=context)
+    assert found is not None
+    return found
+
+
+def sample(text: str, series: str) -> float | None:
+    """One series' value (``name`` or ``name{label="..."}``) in a Prometheus text page; None when absent."""
+    found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else None
+
+
+def wait_report_held(kube: Kube, node: str, metrics: Callable[[], str],
+                     context: Callable[[], str] | None = None) -> None:
+    """Until the extender (its ``metrics`` page) holds the node's report as the API has it now: what that report
+    contradicts is counted by then."""
+    report = kube.get(api_path("nodegpureports", name=node, group="gpu-tailor.io/v1alpha1"))
+    at = parse_time(report["spec"]["observedAt"])
+    assert at is not None, report["spec"]
+
+    def held() -> bool:
+        seen = sample(metrics(), f'gpu_tailor_agent_report_observed_timestamp_seconds{{node="{node}"}}')
+        return seen is not None and seen >= at.timestamp()
+
+    wait_for(held, 30, f"the extender to hold {node}'s report", interval=0.2, context=context)
 
 
 def node_status(kube: Kube, name: str) -> Any:

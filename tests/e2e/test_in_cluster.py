@@ -11,9 +11,6 @@ webhook at the node's address (``clientConfig.url``, the serving certificate nam
 
 from __future__ import annotations
 
-import datetime as dt
-import functools
-import re
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -181,17 +178,9 @@ def place_quarters(c: InCluster, count: int) -> list[Obj]:
     for n in names:
         c.kube.create(api_path("pods", OPTED_IN), real_pod(n, {labels.GPU_MILLI: "250"}, "T4"))
 
-    def running(name: str) -> Obj | None:
-        pod = c.kube.get(api_path("pods", OPTED_IN, name))
-        status = pod.get("status") or {}
-        if status.get("phase") == "Failed":
-            raise AssertionError(f"the kubelet refused {name}: {status.get('reason')}: {status.get('message')}")
-        return pod if status.get("phase") == "Running" else None
-
     placed = []
     for n in names:
-        pod = wait_for(functools.partial(running, n), 120, f"pod {n} Running", interval=0.2, context=c.context)
-        assert pod is not None
+        pod = realnode.running(c.kube, OPTED_IN, n, timeout=120, context=c.context)
         assert pod["spec"]["schedulerName"] == SCHEDULER_NAME and pod["spec"]["nodeName"] == NODE
         assert pod["metadata"]["annotations"][labels.ANN_BACKING] == "shared:time-slicing:4", pod["metadata"]
         placed.append(pod)
@@ -212,17 +201,9 @@ def check_records(c: InCluster, pods: list[Obj]) -> None:
     report = api_path("nodegpureports", name=NODE, group="gpu-tailor.io/v1alpha1")
     wait_for(lambda: c.kube.exists(report) and realnode.held_by_pod(c.kube.get(report)) == given, 60,
              "the agent's report naming what each pod holds", interval=0.5, context=c.context)
-    at = dt.datetime.strptime(c.kube.get(report)["spec"]["observedAt"], "%Y-%m-%dT%H:%M:%SZ").replace(
-        tzinfo=dt.UTC).timestamp()
-
-    def held() -> bool:  # the extender holds that report: what it contradicts is counted by now
-        found = re.search(rf'^gpu_tailor_agent_report_observed_timestamp_seconds{{node="{NODE}"}} (\S+)$',
-                          c.metrics(), re.M)
-        return found is not None and float(found.group(1)) >= at
-
-    wait_for(held, 30, "the extender to hold the node's report", interval=0.2, context=c.context)
-    found = re.search(r"^gpu_tailor_agent_contradictions_total (\S+)$", c.metrics(), re.M)
-    assert found is not None and float(found.group(1)) == 0, found
+    realnode.wait_report_held(c.kube, NODE, c.metrics, context=c.context)
+    found = realnode.sample(c.metrics(), "gpu_tailor_agent_contradictions_total")
+    assert found is not None and found == 0, found
 
 
 def delete_pods(c: InCluster, pods: list[Obj]) -> None:

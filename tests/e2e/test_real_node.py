@@ -11,7 +11,6 @@ contradicts is counted (``gpu_tailor_agent_contradictions_total``) and none is.
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import re
 import urllib.request
@@ -73,16 +72,7 @@ def real(release: Release, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 
 def running(real: Real, name: str) -> Obj:
-    def phase() -> Obj | None:
-        pod = real.kube.get(api_path("pods", OPTED_IN, name))
-        status = pod.get("status") or {}
-        if status.get("phase") == "Failed":  # the kubelet refused it: UnexpectedAdmissionError, OutOf...
-            raise AssertionError(f"the kubelet refused {name}: {status.get('reason')}: {status.get('message')}")
-        return pod if status.get("phase") == "Running" else None
-
-    found = wait_for(phase, 90, f"pod {name} Running", interval=0.2, context=lambda: context(real))
-    assert found is not None
-    return found
+    return realnode.running(real.kube, OPTED_IN, name, context=lambda: context(real))
 
 
 def context(real: Real) -> str:
@@ -120,9 +110,7 @@ def metrics(real: Real) -> str:
 
 
 def contradictions(real: Real) -> float:
-    text = metrics(real)
-    found = re.search(r"^gpu_tailor_agent_contradictions_total (\S+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
+    return realnode.sample(metrics(real), "gpu_tailor_agent_contradictions_total") or 0.0
 
 
 def place(real: Real, node: str, limits: dict[str, str], product: str, topology: str | None = None,
@@ -172,17 +160,7 @@ def check(real: Real, node: str, pods: list[Obj]) -> None:
 
 
 def wait_applied(real: Real, node: str) -> None:
-    """Until the extender holds the node's report as the API has it now (its observedAt, as the extender exports it):
-    what it counts as contradicted is then counted."""
-    report = real.kube.get(api_path("nodegpureports", name=node, group="gpu-tailor.io/v1alpha1"))
-    at = dt.datetime.strptime(report["spec"]["observedAt"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
-
-    def held() -> bool:
-        found = re.search(rf'^gpu_tailor_agent_report_observed_timestamp_seconds{{node="{node}"}} (\S+)$',
-                          metrics(real), re.M)
-        return found is not None and float(found.group(1)) >= at
-
-    wait_for(held, 30, f"the extender to hold {node}'s report", interval=0.2, context=lambda: context(real))
+    realnode.wait_report_held(real.kube, node, lambda: metrics(real), context=lambda: context(real))
 
 
 def _reported(real: Real, node: str, given: dict[str, tuple[int, ...]]) -> bool:
