@@ -3,8 +3,10 @@
 
 The stop follows what Kubernetes does to a pod: the ``preStop`` wait lets endpoints drop it, then
 SIGTERM. From SIGTERM on, ``/readyz`` answers 503 while requests are still served for
-``drain`` seconds (an endpoint update can still be on its way to the API server's proxy), then the
-listening socket closes and requests in flight are allowed to finish before the process exits.
+``drain`` seconds (an endpoint update can still be on its way to the API server's proxy), each answer
+closing its connection (``Connection: close``) so that clients reconnect to the replicas that stay;
+then the listening socket closes, the requests already taken are answered (their bodies still
+read), and only then are the remaining idle connections closed and the process exits.
 """
 
 from __future__ import annotations
@@ -84,10 +86,14 @@ class CertReloader:
 
 
 class Lifecycle:
-    """Whether the process has begun to stop (``/readyz`` then answers 503)."""
+    """Whether the process has begun to stop (``/readyz`` then answers 503), and the requests being handled."""
 
     def __init__(self) -> None:
         self.stopping = False
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
 
 
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
@@ -151,6 +157,27 @@ class _Ready:
         yield g
 
 
+def _counting(lifecycle: Lifecycle) -> Middleware:
+    """Middleware: counts each request from its headers to its answer (its body is read in between), and
+    while stopping marks the answer ``Connection: close``."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        lifecycle.in_flight += 1
+        lifecycle.idle.clear()
+        try:
+            response = await handler(request)
+            if lifecycle.stopping:
+                response.force_close()
+            return response
+        finally:
+            lifecycle.in_flight -= 1
+            if not lifecycle.in_flight:
+                lifecycle.idle.set()
+
+    return middleware
+
+
 def probes_only(port: int) -> Middleware:
     """Middleware: on the listener at ``port`` only the probes and ``/metrics`` are served (404 for the rest),
     so that a port opened to the pod network for Prometheus and the kubelet exposes nothing else."""
@@ -175,6 +202,9 @@ async def serve_until_stopped(app: web.Application, listen: str, ssl_ctx: ssl.SS
     HTTP, and nothing else is (``app`` must carry ``probes_only`` for that address's port)."""
     host, port = split_listen(listen)
     loop = asyncio.get_running_loop()
+    lifecycle = app.get(LIFECYCLE)
+    if lifecycle is not None:
+        app.middlewares.append(_counting(lifecycle))
     runner = web.AppRunner(app, shutdown_timeout=grace)
     await runner.setup()
     try:
@@ -202,5 +232,20 @@ async def serve_until_stopped(app: web.Application, listen: str, ssl_ctx: ssl.SS
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
     finally:
-        await runner.cleanup()
+        await _finish(runner, lifecycle, grace)
     log.info("%s stopped", what)
+
+
+async def _finish(runner: web.AppRunner, lifecycle: Lifecycle | None, grace: float) -> None:
+    """Close the listeners, let the requests already taken finish, then close what is left.
+
+    aiohttp's own cleanup stops reading from every connection at once, so a request whose headers had
+    arrived but not yet all of its body would wait for the rest until ``grace`` ran out, and its client
+    would time out. Waiting for the handlers first, with the connections still read, avoids that."""
+    for site in list(runner.sites):
+        await site.stop()
+    if lifecycle is not None and lifecycle.in_flight:
+        log.info("waiting for %d request(s) in flight", lifecycle.in_flight)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(lifecycle.idle.wait(), grace)
+    await runner.cleanup()

@@ -96,3 +96,50 @@ async def test_requests_in_flight_finish_after_the_listener_closes() -> None:
         assert resp.status == 200 and await resp.text() == "done"
         resp.release()
     await asyncio.wait_for(server, 10)
+
+
+async def until_refused(port: int) -> None:
+    for _ in range(500):  # bounded: the listener closes within a few event-loop turns of the stop
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            await writer.wait_closed()
+            await asyncio.sleep(0.01)
+        except OSError:
+            return
+    raise AssertionError("the listener never closed")
+
+
+async def test_a_request_whose_body_is_still_arriving_at_the_stop_is_read_and_answered() -> None:
+    # aiohttp's cleanup stops reading every connection at once: this request's body would never be read
+    # and its client would wait until the grace ran out, then see the connection closed
+    entered, stop, port = asyncio.Event(), asyncio.Event(), free_port()
+
+    async def echo_length(request: web.Request) -> web.Response:
+        entered.set()
+        return web.Response(text=str(len(await request.read())))
+
+    app = web.Application()
+    app.router.add_post("/review", echo_length)
+    registry = CollectorRegistry()
+    add_probes(app, "test", lambda a: True, "never", lambda a: registry)
+    server = asyncio.create_task(serve_until_stopped(app, f"127.0.0.1:{port}", None, None, "test",
+                                                     drain=0.0, grace=10.0, stop=stop))
+    async with aiohttp.ClientSession() as session:
+        await until_listening(session, f"http://127.0.0.1:{port}")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    body = b"x" * 4000
+    writer.write(b"POST /review HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body[:1000])
+    await writer.drain()
+    await entered.wait()
+    stop.set()
+    await until_refused(port)
+    writer.write(body[1000:])
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert b"Connection: close" in head  # stopping: the client reconnects elsewhere
+    assert await reader.read() == b"4000"  # and then the connection is closed
+    writer.close()
+    await asyncio.wait_for(server, 10)
