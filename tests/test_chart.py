@@ -127,6 +127,9 @@ def test_the_values_people_change_reach_their_objects() -> None:
         assert entry["objectSelector"]["matchExpressions"][0]["key"] == labels.POD_OPT_OUT_LABEL
     config = objs[("ConfigMap", "gpu-tailor", "gpu-tailor-scheduler")]["data"]["config.yaml"]
     assert config["extenders"][0]["weight"] == 5
+    assert "bindVerb" not in config["extenders"][0]  # kube-scheduler binds by default
+    binding = rendered("--set", "scheduler.extender.bind=true")[("ConfigMap", "gpu-tailor", "gpu-tailor-scheduler")]
+    assert binding["data"]["config.yaml"]["extenders"][0]["bindVerb"] == "bind"
     assert not [k for k in objs if k[0] in ("PodDisruptionBudget", "ResourceQuota")]
     without = rendered("--set", "agent.enabled=false")
     assert not [k for k in without if "agent" in k[2] and k[2] != "gpu-tailor-webhook-agents"]

@@ -122,6 +122,10 @@ class Cache:
         self.contradictions = 0  # pods whose reported GPUs the prediction did not allow
         self._contradicted: dict[str, tuple[str, tuple[int, ...]]] = {}  # pod -> (uid, GPUs) counted already
         self._reports_checked = -math.inf  # self.clock() when stale reports were last looked for
+        # pods kube-scheduler bound whose GPUs are not written yet: key -> (uid, clock() when bound)
+        self.unrecorded: dict[str, tuple[str, float]] = {}
+        self.last_asked = -math.inf  # clock() of the last pod filter or prioritize was asked about
+        self.on_unrecorded: Callable[[], None] | None = None  # called when one is added
 
     @property
     def ready(self) -> bool:
@@ -137,7 +141,7 @@ class Cache:
         self.expire_reports()
         self.refresh()
         return Snapshot(self._view, self.fleet, self.policy, frozenset(self._degraded), self.verdicts, self.ready,
-                        self.dra)
+                        self.dra, self._last_generation)
 
     def refresh(self, limit: int | None = None) -> int:
         """Copy up to ``limit`` changed nodes (all of them by default) into the read side, as the next
@@ -189,6 +193,7 @@ class Cache:
         """Keep a pod filter or prioritize was asked about, for a bind that comes before the watch's news
         (``demand``: the pod's, when the request has read it already)."""
         key, uid = pod_key(pod), pod_uid(pod)
+        self.last_asked = self.clock()
         known = self.pods.get(key)
         if known is not None and known.uid == uid:
             return  # the watch has it
@@ -211,14 +216,25 @@ class Cache:
         return rec is not None and rec.version == version and not rec.assumed
 
     # ----- bind -----
-    def assume(self, rec: PodRecord, node: str, placement: Placement | None) -> None:
+    def assume(self, rec: PodRecord, node: str, placement: Placement | None, *, scored: bool = False) -> None:
         """Count the pod on ``node`` with ``placement`` until the watch confirms it (or ``forget``, or
-        expiry); it replaces whatever was kept under its name."""
+        expiry); it replaces whatever was kept under its name. ``scored``: not a Binding of ours but the
+        node prioritize ranked first, where kube-scheduler binds the pod itself: it expires ``ttl``
+        seconds from now, and once the watch shows the pod bound its GPUs are to be recorded
+        (``unrecorded``)."""
         old = self.pods.get(rec.key)
         if old is not None:
             self._drop(old)
         self.asked.pop(rec.key, None)
-        self._add(replace(rec, node=node, placement=placement, deadline=math.inf))
+        deadline = self.clock() + self.ttl if scored else math.inf
+        self._add(replace(rec, node=node, placement=placement, deadline=deadline, scored=scored))
+
+    def unscore(self, key: str, uid: str) -> None:
+        """The pod is being filtered or scored again: the node it was ranked first on last time did not
+        take it (yet), and its own GPUs there must not count against it."""
+        rec = self.pods.get(key)
+        if rec is not None and rec.scored and rec.uid == uid:
+            self.forget(key, uid)
 
     def finish_binding(self, key: str, uid: str) -> None:
         """The API server took the Binding: the assumption now expires unless the watch shows the pod."""
@@ -231,7 +247,7 @@ class Cache:
         rec = self.pods.get(key)
         if rec is not None and rec.assumed and (not uid or rec.uid == uid):
             self._drop(rec)
-            self._add(replace(rec, node="", placement=None, deadline=None))
+            self._add(replace(rec, node="", placement=None, deadline=None, scored=False))
 
     def expire(self) -> None:
         """Forget assumptions whose deadline has passed (the watch never showed those pods bound)."""
@@ -240,7 +256,12 @@ class Cache:
         now = self.clock()
         for key in [k for k in self.assumed if not live(self.pods[k], now)]:
             rec = self.pods[key]
-            log.warning("pod %s assumed on %s was never seen bound there: its GPUs are free again", key, rec.node)
+            if rec.scored:
+                log.info("pod %s ranked first on %s was not seen bound in %.0fs: its GPUs are free again", key,
+                         rec.node, self.ttl)
+            else:
+                log.warning("pod %s assumed on %s was never seen bound there: its GPUs are free again", key,
+                            rec.node)
             self.forget(key, rec.uid)
 
     # ----- the watches -----
@@ -373,12 +394,14 @@ class Cache:
         if old is not None and old.uid == uid and not old.assumed and old.version and old.version == version:
             return  # exactly what we hold (bind read it back before the watch delivered it)
         rec = pod_record(obj, self.demands.of(obj, key))
+        record = False
         if old is not None and old.uid == uid:
             if old.assumed:
                 if waiting(obj):
                     return  # still pending: our Binding is in flight or the watch lags, the assumption stands
                 if rec.node == old.node:
                     rec = confirmed(old, rec)
+                record = old.scored and bool(rec.node) and rec.recorded is None and rec.demand.gpu
             elif old.node == rec.node:
                 rec = kept(old, rec)
                 if replace(rec, version=old.version) == old:  # a status update: nothing decisions read changed
@@ -389,6 +412,17 @@ class Cache:
             if old.uid != uid:
                 self.seen.discard(old.uid)
         self._add(rec)
+        if record:
+            self._unrecorded(key, uid)
+
+    def _unrecorded(self, key: str, uid: str) -> None:
+        """kube-scheduler bound a pod this extender scored: its GPUs are to be written on it
+        (``extender.recorder``), where a Binding of ours would have carried them."""
+        placed = self.pods[key].placement
+        if placed is not None and placed.gpus and not placed.counted:
+            self.unrecorded[key] = (uid, self.clock())
+            if self.on_unrecorded is not None:
+                self.on_unrecorded()
 
     # ----- the writer's internals -----
     def _touch(self, name: str) -> None:

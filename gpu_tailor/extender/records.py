@@ -32,7 +32,8 @@ class PodRecord:
     ``recorded``: its ``gpu-tailor.io/gpus`` annotation as read (None: absent or unreadable), for a node
     that shows up after the pod; ``deadline``: None once the watch has shown the pod, else the clock
     time its assumption expires (infinite while its Binding is in flight); ``version``: the
-    resourceVersion it was read at ("" when unknown).
+    resourceVersion it was read at ("" when unknown); ``scored``: the assumption is the node this
+    extender ranked first, where kube-scheduler is expected to bind it, not a Binding of its own.
     """
 
     uid: str
@@ -43,6 +44,7 @@ class PodRecord:
     deadline: float | None = None
     version: str = ""  # the pod's resourceVersion as read: the same again is the same pod, nothing to redo
     among: tuple[int, ...] | None = None  # its ``gpu-tailor.io/gpus-among`` annotation, with ``recorded``
+    scored: bool = False  # assumed where prioritize ranked it first, no Binding of ours sent (``Cache.assume``)
 
     @property
     def key(self) -> str:

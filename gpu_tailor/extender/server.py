@@ -16,6 +16,7 @@ status but 200 fails the call); preempt before the cache is synced is 503.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import json
@@ -33,9 +34,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from gpu_tailor.extender import verbs
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.pools import AgentMetrics, PoolGauges
-from gpu_tailor.extender.records import PodProjector, PodRecord, pod_record
+from gpu_tailor.extender.recorder import Recorder, Refused
+from gpu_tailor.extender.records import PodProjector, PodRecord, pod_record, pod_uid
+from gpu_tailor.extender.snapshot import Snapshot
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.inventory import node_fields
+from gpu_tailor.gpumodel.schedule import pod_key
 from gpu_tailor.kube.freshness import STALE_AFTER, Staleness
 from gpu_tailor.serving import add_probes, probes_only
 
@@ -157,21 +161,46 @@ def _verb(name: str, fn: Callable[[web.Request, Any], Awaitable[Any]]) -> Callab
 async def _filter(request: web.Request, body: Any) -> Any:
     cache = request.app[CACHE]
     args = verbs.extender_args(body)
-    out = verbs.filter_nodes(cache.snapshot(), args)
+    key, uid = pod_key(args.pod), pod_uid(args.pod)
+    cache.unscore(key, uid)  # asked again: where it was ranked first last time did not take it
+    snap = cache.snapshot()
+    out = verbs.filter_nodes(snap, args)
     cache.remember(args.pod, args.demand)  # a valid body: for a bind that beats the watch
+    passed: list[str] = out.get("NodeNames") or []
+    if len(passed) == 1 and not out.get("Nodes"):  # kube-scheduler takes a lone feasible node without scoring
+        _expect(cache, snap, key, uid, passed[0])
     return out
 
 
 async def _prioritize(request: web.Request, body: Any) -> Any:
     cache = request.app[CACHE]
-    snap = cache.snapshot()
     args = verbs.extender_args(body)
+    key, uid = pod_key(args.pod), pod_uid(args.pod)
+    cache.unscore(key, uid)
+    snap = cache.snapshot()
     asked = verbs.shape_asked(snap, args)
     if asked is not None:
         cache.observe(*asked)  # the policy learns the mix from the pods it scores, this one included
     out = verbs.prioritize(snap, args)
     cache.remember(args.pod, args.demand)
+    if args.demand.gpu and out:
+        top = max(o["Score"] for o in out)
+        first = [o["Host"] for o in out if o["Score"] == top]
+        if top > 0 and len(first) == 1:  # the extender's weight makes its only first choice kube-scheduler's
+            _expect(cache, snap, key, uid, first[0])
     return out
+
+
+def _expect(cache: Cache, snap: Snapshot, key: str, uid: str, node: str) -> None:
+    """Count a GPU pod on the node it is expected to be bound to (``Cache.assume(..., scored=True)``): the
+    next filter then sees its GPUs taken while kube-scheduler binds it, and, bound there without a Binding
+    of ours, its GPUs are recorded after the bind (``extender.recorder``)."""
+    rec = cache.pending(key, uid)
+    if rec is None or not rec.demand.gpu or (rec.node and not rec.scored):
+        return
+    plan = verbs.plan_bind(snap, rec, node)
+    if plan.placement is not None and not plan.error:
+        cache.assume(rec, node, plan.placement, scored=True)
 
 
 async def _preempt(request: web.Request, body: Any) -> Any:
@@ -186,6 +215,11 @@ async def _bind(request: web.Request, body: Any) -> Any:
         return {"Error": "bind needs the API server (offline --cluster-file mode cannot bind)"}
     failed = f"binding {args.key} to {args.node} failed"
     rec = cache.pending(args.key, args.uid)
+    if rec is not None and rec.scored:  # ranked first by prioritize: the bind verb binds it after all
+        if rec.node == args.node and rec.placement is not None:
+            return await _bind_planned(cache, binder, args, rec, verbs.BindPlan(rec.placement), failed)
+        cache.forget(rec.key, rec.uid)
+        rec = cache.pending(args.key, args.uid)
     if rec is None:  # neither the watch nor filter has shown us this pod: ask the API, never bind blind
         try:
             pod = await binder.read_pod(args.namespace, args.name)
@@ -221,6 +255,11 @@ async def _bind(request: web.Request, body: Any) -> Any:
     plan = verbs.plan_bind(cache.snapshot(), rec, args.node)
     if plan.error:
         return {"Error": plan.error}
+    return await _bind_planned(cache, binder, args, rec, plan, failed)
+
+
+async def _bind_planned(cache: Cache, binder: Binder, args: verbs.BindArgs, rec: PodRecord, plan: verbs.BindPlan,
+                        failed: str) -> dict[str, str]:
     cache.assume(rec, args.node, plan.placement)  # the very next filter sees it
     try:
         await binder.bind(args.namespace, args.name, args.uid, args.node, plan.gpus, plan.among)
@@ -386,6 +425,17 @@ class ApiBinder:
         if not 200 <= status < 300:
             raise ApiRefused("Binding", status, status_message(text, "no message"))
 
+    async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """A merge patch of the pod (``recorder.record_patch``); ``Refused`` when the API server says no for
+        good (gone, replaced), ``ApiRefused`` for other errors (retried)."""
+        status, text = await _raw(self.core.patch_namespaced_pod(
+            name, namespace, patch, _preload_content=False, _request_timeout=API_TIMEOUT,
+            _content_type="application/merge-patch+json"))  # type: ignore[call-arg]  # passed on to the request
+        if status in (404, 409, 422):
+            raise Refused(f"{status}: {status_message(text, 'no message')}")
+        if not 200 <= status < 300:
+            raise ApiRefused("writing the record", status, status_message(text, "no message"))
+
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         # raw, so the pod is the API's JSON (camelCase), as the watch delivers it
         status, text = await _raw(self.core.read_namespaced_pod(name, namespace, _preload_content=False,
@@ -439,7 +489,12 @@ def watch_ctx(cache: Cache, kubeconfig: str | None, in_cluster: bool) -> Any:
         gc.collect()
         gc.freeze()
         async with watching(kubeconfig, in_cluster, watches) as api:
-            app[BINDER].binder = ApiBinder(api)
-            yield
+            binder = ApiBinder(api)
+            app[BINDER].binder = binder
+            recorder = asyncio.create_task(Recorder(cache, binder.patch_pod, app[METRICS].registry).run())
+            try:
+                yield
+            finally:
+                recorder.cancel()
 
     return ctx

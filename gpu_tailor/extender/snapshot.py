@@ -60,9 +60,24 @@ class Verdicts:
 
     def __init__(self) -> None:
         self.asks: OrderedDict[Demand, Kept] = OrderedDict()
+        # the nodes the last filter passed: (its ask, the snapshot's generation, their names)
+        self.passed: tuple[Demand, int, frozenset[str]] | None = None
 
     def clear(self) -> None:
         self.asks.clear()
+        self.passed = None
+
+    def filtered(self, demand: Demand, generation: int, passed: list[str]) -> None:
+        """What filter passed for ``demand`` on the snapshot of ``generation``."""
+        self.passed = (replace(demand, key=""), generation, frozenset(passed))
+
+    def all_passed(self, demand: Demand, generation: int, names: list[str]) -> bool:
+        """Whether the last filter, on a snapshot exactly like this one and for the same ask, passed every one of
+        ``names``: prioritize, asked right after it about the nodes it passed, then need not fit them again."""
+        last = self.passed
+        if last is None or last[1] != generation or last[0] != replace(demand, key=""):
+            return False
+        return last[2].issuperset(names)
 
     def drop(self, node: str) -> None:
         """Forget a node that is gone."""
@@ -117,6 +132,7 @@ class Snapshot:
     verdicts: Verdicts
     ready: bool
     dra: DraState = field(default_factory=lambda: DraState(enabled=False))  # DRA pools (read, not copied)
+    generation: int = 0  # the cache's last node generation when taken: equal snapshots have equal generations
 
     def fits(self, names: list[str], demand: Demand) -> list[Fit]:
         """``fit(node, demand, place=False)`` per node name, kept while a node is unchanged."""

@@ -157,6 +157,8 @@ def filter_nodes(snap: Snapshot, body: Any) -> dict[str, Any]:
                 unresolvable[name] = f.reason
             else:
                 failed[name] = f.reason
+    if demand.gpu:
+        snap.verdicts.filtered(demand, snap.generation, passed)
     out: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
     if objs is None:
         out["NodeNames"], out["Nodes"] = passed, None
@@ -272,7 +274,9 @@ def _prioritize_known(snap: Snapshot, names: list[str], demand: Demand) -> list[
     ok = ~np.isnan(scores)  # NaN: does not fit
     if demand.gpu and ok.any():  # the fleet model is coarse for MIG/replicas: a node must also pass fit()
         fitting = np.flatnonzero(ok)
-        ok[fitting] = [f.ok for f in snap.fits([known[i] for i in fitting], demand)]
+        candidates = [known[i] for i in fitting]
+        if not snap.verdicts.all_passed(demand, snap.generation, candidates):  # else filter just fitted them
+            ok[fitting] = [f.ok for f in snap.fits(candidates, demand)]
     degraded = snap.degraded
     if degraded:
         ok &= np.array([n not in degraded for n in known], bool)  # degraded nodes last

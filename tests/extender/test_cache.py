@@ -281,7 +281,7 @@ def test_records_are_small_and_hold_no_pod_object() -> None:
     cache.remember(second())
     records = [*cache.pods.values(), *cache.asked.values()]
     assert [f.name for f in fields(PodRecord)] == ["uid", "node", "demand", "placement", "recorded", "deadline",
-                                                 "version", "among"]
+                                                 "version", "among", "scored"]
     for rec in records:
         assert not hasattr(rec, "__dict__")  # slots only
         assert not any(isinstance(getattr(rec, f.name), dict) for f in fields(PodRecord))

@@ -41,8 +41,9 @@ def test_scheduler_config_profile_and_extender() -> None:
     real = yaml.safe_load((FIXTURES / "extender" / "scheduler-config-nodecache-true.yaml").read_text())
     assert set(ext) <= set(real["extenders"][0]) | {"httpTimeout"}
     routes = {r.resource.canonical for r in make_app(Cache()).router.routes() if r.resource}
-    for verb in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb"):
+    for verb in ("filterVerb", "prioritizeVerb", "preemptVerb"):
         assert f"/{ext[verb]}" in routes
+    assert "/bind" in routes  # for a profile that gives the extender the bind (the chart's scheduler.extender.bind)
 
 
 def gpu_resource_names() -> set[str]:
@@ -70,7 +71,8 @@ def test_every_pod_of_the_profile_goes_to_the_extender_and_kube_scheduler_counts
     # GPU victim and never asks the extender's preempt): see the config's comment
     ext = scheduler_config()["extenders"][0]
     assert "managedResources" not in ext
-    assert "preemptVerb" in ext and "bindVerb" in ext
+    assert "preemptVerb" in ext
+    assert "bindVerb" not in ext  # kube-scheduler binds; the extender records the GPUs after (extender/recorder.py)
 
 
 def test_client_connection_lifts_the_default_rate_limit() -> None:

@@ -1,0 +1,261 @@
+"""kube-scheduler binds (no bindVerb): the extender counts a GPU pod on the node it ranked first until the
+watch shows where it went, and the replica that scored it writes its GPUs on it after the bind, once, when
+kube-scheduler goes quiet (``extender/recorder.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpu_tailor.extender import verbs
+from gpu_tailor.extender.cache import Cache
+from gpu_tailor.extender.recorder import Recorder, Refused, record_patch
+from gpu_tailor.gpumodel import labels
+from tests.conftest import node_fixture
+from tests.extender.builders import RecordingBinder, args, cluster, pod_of
+
+KEY = "gpu-jobs/train-gpu4"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def held(cache: Cache, node: str) -> list[int]:
+    return [i for i in range(8) if i not in cache.snapshot().nodes[node].state.gpus.free_whole()]
+
+
+def bound(node: str, version: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    pod = copy.deepcopy(pod_of("prioritize-nodecache-true-pod-gpu4"))
+    pod["spec"]["nodeName"] = node
+    pod["metadata"]["resourceVersion"] = version
+    if annotations:
+        pod["metadata"].setdefault("annotations", {}).update(annotations)
+    return pod
+
+
+async def prioritized(client: Any) -> str:
+    """Prioritize the gpu4 fixture pod; the node it ranked first (the only 10)."""
+    scores = await (await client.post("/prioritize", json=args("prioritize-nodecache-true-pod-gpu4"))).json()
+    top = [s["Host"] for s in scores if s["Score"] == max(x["Score"] for x in scores)]
+    assert len(top) == 1, scores
+    return str(top[0])
+
+
+async def test_the_node_ranked_first_counts_the_pod_until_the_watch_shows_it_bound_then_its_gpus_are_recorded(
+        client_for: Any) -> None:
+    cache = cluster()
+    client = await client_for(cache)
+    first = await prioritized(client)
+    rec = cache.pods[KEY]
+    assert (rec.node, rec.scored, rec.assumed) == (first, True, True)
+    gpus = held(cache, first)
+    assert len(gpus) == 4  # the next filter sees them taken, while kube-scheduler binds
+    assert not cache.unrecorded  # nothing to write before the pod is seen bound
+    cache.apply_pod("MODIFIED", bound(first, "900"))  # kube-scheduler's Binding: no annotation
+    rec = cache.pods[KEY]
+    assert (rec.node, rec.assumed, rec.recorded) == (first, False, None)
+    assert held(cache, first) == gpus  # the GPUs it was counted on stay
+    recorder = Recorder(cache, no_write, CollectorRegistry())
+    taken = recorder.take()
+    assert taken is not None
+    among = verbs.BindPlan(rec.placement).among  # where the device plugin may pick other GPUs, the set
+    assert taken == (KEY, rec.uid, record_patch(rec.uid, ",".join(map(str, gpus)), among))
+    assert recorder.take() is None  # once
+    # the write's news: the same GPUs, nothing moves and nothing is queued again
+    cache.apply_pod("MODIFIED", bound(first, "901", {labels.ANN_GPUS: ",".join(map(str, gpus))}))
+    assert cache.pods[KEY].recorded == tuple(gpus) and held(cache, first) == gpus
+    assert not cache.unrecorded
+
+
+async def test_bound_elsewhere_the_pod_is_counted_where_it_went_and_recorded_there(client_for: Any) -> None:
+    twin = copy.deepcopy(node_fixture("h100-hgx-0"))
+    twin["metadata"]["name"] = other = "h100-hgx-twin"
+    cache = cluster(extra_nodes=[twin])
+    client = await client_for(cache)
+    first = await prioritized(client)  # among the fixture's candidates, which the twin is not
+    before = held(cache, other)
+    cache.apply_pod("MODIFIED", bound(other, "900"))  # another score plugin outweighed the extender's
+    assert held(cache, first) == []
+    assert len(set(held(cache, other)) - set(before)) == 4
+    assert KEY in cache.unrecorded  # scored by this replica: its record is still written
+
+
+async def test_asked_again_the_pod_no_longer_counts_where_it_was_ranked_first(client_for: Any) -> None:
+    cache = cluster()
+    client = await client_for(cache)
+    first = await prioritized(client)
+    assert len(held(cache, first)) == 4
+    out = await (await client.post("/filter", json=args("filter-nodecache-true-pod-gpu4"))).json()
+    assert first in out["NodeNames"]  # its own earlier assumption does not keep it from that node
+    assert held(cache, first) == []
+    assert cache.pods[KEY].node == ""
+
+
+async def test_a_first_choice_never_bound_frees_its_gpus_after_the_ttl(client_for: Any) -> None:
+    clock = Clock()
+    cache = cluster(clock=clock, ttl=30.0)
+    client = await client_for(cache)
+    first = await prioritized(client)
+    clock.now += 29
+    assert len(held(cache, first)) == 4
+    clock.now += 2
+    assert held(cache, first) == []
+    assert not cache.pods[KEY].assumed and not cache.unrecorded
+
+
+async def test_a_standby_replica_that_scored_nothing_writes_nothing() -> None:
+    standby = cluster()
+    standby.apply_pod("MODIFIED", bound("h100-hgx-0", "900"))  # the leader's kube-scheduler bound it
+    assert len(held(standby, "h100-hgx-0")) == 4  # counted, as predicted
+    assert not standby.unrecorded  # but the replica that scored it writes its record
+
+
+async def test_with_the_bind_verb_a_first_choice_is_bound_without_reading_the_pod(client_for: Any) -> None:
+    cache = cluster()
+    binder = RecordingBinder()
+    client = await client_for(cache, binder)
+    first = await prioritized(client)
+    gpus = held(cache, first)
+    body = {**args("bind-pod-gpu4"), "Node": first}
+    assert (await (await client.post("/bind", json=body)).json())["Error"] == ""
+    assert binder.reads == []  # the assumption was prioritize's, not a Binding of unknown outcome
+    assert binder.calls[-1][3:] == (first, ",".join(map(str, gpus)))
+    rec = cache.pods[KEY]
+    assert not rec.scored and rec.assumed and held(cache, first) == gpus
+    cache.apply_pod("MODIFIED", bound(first, "900", {labels.ANN_GPUS: ",".join(map(str, gpus))}))
+    assert not cache.unrecorded  # the Binding carried the record
+
+
+async def no_write(namespace: str, name: str, patch: dict[str, Any]) -> None:
+    raise AssertionError("not written in this test")
+
+
+class Api:
+    """Takes merge patches; ``fail``: how to answer the next ones ("down", "gone")."""
+
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.fail: list[str] = []
+        self.called = asyncio.Event()
+
+    async def patch(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.called.set()
+        if self.fail:
+            what = self.fail.pop(0)
+            if what == "gone":
+                raise Refused('404: pods "x" not found')
+            raise aiohttp.ClientConnectionError("connection refused")
+        self.patches.append((f"{namespace}/{name}", patch))
+
+
+class Sleeps:
+    """``sleep`` for the recorder: advances the fake clock instead of waiting, and lets the loop turn."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.slept: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.clock.now += seconds
+        await asyncio.sleep(0)
+
+
+def scored_and_bound(clock: Clock) -> Cache:
+    cache = cluster(clock=clock)
+    rec = cache.pending(KEY, "")
+    assert rec is not None
+    cache.assume(rec, "h100-hgx-0", None, scored=True)
+    cache.apply_pod("MODIFIED", bound("h100-hgx-0", "900"))
+    assert KEY in cache.unrecorded
+    return cache
+
+
+async def run_until(recorder: Recorder, done: Any) -> None:
+    task = asyncio.create_task(recorder.run())
+    try:
+        for _ in range(10_000):  # bounded: each turn of the fake clock is one loop turn
+            if done():
+                return
+            await asyncio.sleep(0)
+        raise AssertionError("the recorder never got there")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_records_wait_for_kube_scheduler_to_go_quiet() -> None:
+    clock = Clock()
+    cache = scored_and_bound(clock)
+    cache.last_asked = clock.now  # kube-scheduler is asking
+    api, sleeps = Api(), Sleeps(clock)
+    recorder = Recorder(cache, api.patch, CollectorRegistry(), writers=2, quiet=0.5, overdue=30.0, sleep=sleeps)
+    await run_until(recorder, lambda: api.patches)
+    assert clock.now - cache.last_asked >= 0.5  # written once quiet, not before
+    rec = cache.pods[KEY]
+    gpus = ",".join(map(str, held(cache, "h100-hgx-0")))
+    assert api.patches == [(KEY, record_patch(rec.uid, gpus, verbs.BindPlan(rec.placement).among))]
+
+
+async def test_an_overdue_record_is_written_though_kube_scheduler_never_goes_quiet() -> None:
+    clock = Clock()
+    cache = scored_and_bound(clock)
+    api = Api()
+
+    class Busy(Sleeps):
+        async def __call__(self, seconds: float) -> None:
+            self.clock.now += seconds
+            cache.last_asked = clock.now  # asked again whenever time passes
+            await asyncio.sleep(0)
+
+    cache.last_asked = clock.now
+    recorder = Recorder(cache, api.patch, CollectorRegistry(), writers=2, quiet=0.5, overdue=30.0, sleep=Busy(clock))
+    await run_until(recorder, lambda: api.patches)
+    assert clock.now - 1000.0 >= 30.0 and len(api.patches) == 1
+
+
+async def test_a_write_is_retried_while_the_api_server_is_away_and_dropped_when_the_pod_is_gone() -> None:
+    clock = Clock()
+    cache = scored_and_bound(clock)
+    api, sleeps = Api(), Sleeps(clock)
+    api.fail = ["down", "down"]
+    registry = CollectorRegistry()
+    recorder = Recorder(cache, api.patch, registry, writers=1, quiet=0.0, sleep=sleeps)
+    await run_until(recorder, lambda: api.patches)
+    assert len(api.patches) == 1 and sleeps.slept[-2:] == [0.5, 1.0]  # growing delay
+    assert registry.get_sample_value("gpu_tailor_extender_records_written_total", {"outcome": "retried"}) == 2
+
+    cache = scored_and_bound(clock)
+    api = Api()
+    api.fail = ["gone"]
+    registry = CollectorRegistry()
+    recorder = Recorder(cache, api.patch, registry, writers=1, quiet=0.0, sleep=Sleeps(clock))
+    await run_until(recorder, lambda: registry.get_sample_value("gpu_tailor_extender_records_written_total",
+                                                                {"outcome": "refused"}) == 1)
+    assert api.patches == [] and not cache.unrecorded
+
+
+@pytest.mark.parametrize("change", ["deleted", "recorded", "replaced"])
+async def test_a_pod_that_moved_on_before_its_turn_is_not_written(change: str) -> None:
+    clock = Clock()
+    cache = scored_and_bound(clock)
+    if change == "deleted":
+        cache.apply_pod("DELETED", bound("h100-hgx-0", "901"))
+    elif change == "recorded":  # written meanwhile (by the replica that led before)
+        cache.apply_pod("MODIFIED", bound("h100-hgx-0", "901", {labels.ANN_GPUS: "0,1,2,3"}))
+    else:
+        pod = bound("h100-hgx-0", "901")
+        pod["metadata"]["uid"] = "another"
+        cache.apply_pod("MODIFIED", pod)
+    recorder = Recorder(cache, no_write, CollectorRegistry())
+    assert recorder.take() is None and not cache.unrecorded
