@@ -229,6 +229,10 @@ class Cache:
         deadline = self.clock() + self.ttl if scored else math.inf
         self._add(replace(rec, node=node, placement=placement, deadline=deadline, scored=scored))
 
+    def expected_binds(self) -> int:
+        """GPU pods counted where prioritize ranked them first, not seen bound yet."""
+        return sum(1 for key in self.assumed if self.pods[key].scored)
+
     def unscore(self, key: str, uid: str) -> None:
         """The pod is being filtered or scored again: the node it was ranked first on last time did not
         take it (yet), and its own GPUs there must not count against it."""

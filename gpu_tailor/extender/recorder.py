@@ -24,7 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.verbs import BindPlan
@@ -40,15 +40,21 @@ RETRY_FIRST, RETRY_MAX = 0.5, 30.0  # seconds before retrying a write the API se
 
 
 class Refused(Exception):
-    """The API server refused the write for good (404: gone; 409 or 422: replaced, or a uid that differs)."""
+    """The API server refused the write for good (404: gone; 422: replaced, a uid that differs; 403)."""
 
 
-def record_patch(uid: str, gpus: str, among: str | None) -> dict[str, Any]:
-    """The merge patch that writes a pod's record, with its uid as the precondition."""
+class Changed(Exception):
+    """409 Conflict: the pod is not at the resourceVersion the write was made for (another replica wrote its
+    record, or the kubelet its status)."""
+
+
+def record_patch(uid: str, version: str, gpus: str, among: str | None) -> dict[str, Any]:
+    """The merge patch that writes a pod's record, with its uid and the resourceVersion it was chosen at as
+    preconditions: a record is written once, by one replica, on the pod it was chosen for."""
     annotations = {labels.ANN_GPUS: gpus}
     if among is not None:
         annotations[labels.ANN_GPUS_AMONG] = among
-    return {"metadata": {"uid": uid, "annotations": annotations}}
+    return {"metadata": {"uid": uid, "resourceVersion": version, "annotations": annotations}}
 
 
 class Recorder:
@@ -67,8 +73,12 @@ class Recorder:
         self.quiet, self.overdue, self.sleep = quiet, overdue, sleep
         self.wake = asyncio.Event()
         self.writes = Counter("gpu_tailor_extender_records_written", "Records of pods kube-scheduler bound, "
-                              "written after the bind, by outcome (written, refused, retried, skipped)",
+                              "written after the bind, by outcome (written, refused, retried, conflict, skipped)",
                               ["outcome"], registry=registry)
+        self.pending = Gauge("gpu_tailor_extender_records_pending", "GPU pods this replica scored whose GPUs are not "
+                             "written on them yet (not seen bound yet, or waiting for their write)", registry=registry)
+        self.pending.set_function(lambda: cache.expected_binds() + len(cache.unrecorded) + self.writing)
+        self.writing = 0  # writes taken from the queue and not finished
         cache.on_unrecorded = self.wake.set
 
     def take(self, busy: bool = False) -> tuple[str, str, dict[str, Any]] | None:
@@ -89,7 +99,7 @@ class Recorder:
             if plan.gpus is None:
                 self.writes.labels("skipped").inc()
                 continue
-            return key, uid, record_patch(uid, plan.gpus, plan.among)
+            return key, uid, record_patch(uid, rec.version, plan.gpus, plan.among)
         return None
 
     async def run(self) -> None:
@@ -114,16 +124,28 @@ class Recorder:
                 # busy (and nothing overdue, or not this worker's turn): look again once quiet could have come
                 await self.sleep(max(busy_for, 0.05))
                 continue
-            await self._write(*item)
+            self.writing += 1
+            try:
+                await self._write(*item)
+            finally:
+                self.writing -= 1
 
     async def _write(self, key: str, uid: str, patch: dict[str, Any]) -> None:
         namespace, _, name = key.partition("/")
         delay = RETRY_FIRST
         while True:
+            tried = patch["metadata"]["resourceVersion"]
             try:
                 await self.patch(namespace, name, patch)
                 self.writes.labels("written").inc()
                 return
+            except Changed:  # written by another replica, or the kubelet wrote its status: look again
+                self.writes.labels("conflict").inc()
+                wait = "lagging"
+                for _ in range(int(RETRY_MAX / RETRY_FIRST)):  # until the watch brings the version that changed
+                    await self.sleep(RETRY_FIRST)
+                    if (wait := self._newer(key, uid, tried)) != "lagging":
+                        break
             except Refused as exc:
                 log.info("the record of pod %s was not written: %s", key, exc)
                 self.writes.labels("refused").inc()
@@ -133,10 +155,19 @@ class Recorder:
                 self.writes.labels("retried").inc()
                 await self.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
-                rec = self.cache.pods.get(key)
-                if rec is None or rec.uid != uid or rec.recorded is not None or not rec.node:
-                    return
-                plan = BindPlan(rec.placement)  # a node agent's report may have moved it meanwhile
-                if plan.gpus is None:
-                    return
-                patch = record_patch(uid, plan.gpus, plan.among)
+                wait = self._newer(key, uid, "")
+            if wait != "write":
+                return
+            rec = self.cache.pods[key]
+            plan = BindPlan(rec.placement)  # a node agent's report may have moved it meanwhile
+            if plan.gpus is None:
+                return
+            patch = record_patch(uid, rec.version, plan.gpus, plan.among)
+
+    def _newer(self, key: str, uid: str, tried: str) -> str:
+        """"write" when the pod still needs its record and is held at another version than ``tried``; "lagging"
+        when it still needs it but the watch has not brought the version the API server holds; "done" else."""
+        rec = self.cache.pods.get(key)
+        if rec is None or rec.uid != uid or rec.recorded is not None or not rec.node or rec.assumed:
+            return "done"
+        return "lagging" if rec.version == tried else "write"

@@ -34,7 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from gpu_tailor.extender import verbs
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.pools import AgentMetrics, PoolGauges
-from gpu_tailor.extender.recorder import Recorder, Refused
+from gpu_tailor.extender.recorder import Changed, Recorder, Refused
 from gpu_tailor.extender.records import PodProjector, PodRecord, pod_record, pod_uid
 from gpu_tailor.extender.snapshot import Snapshot
 from gpu_tailor.gpumodel import labels
@@ -431,7 +431,9 @@ class ApiBinder:
         status, text = await _raw(self.core.patch_namespaced_pod(
             name, namespace, patch, _preload_content=False, _request_timeout=API_TIMEOUT,
             _content_type="application/merge-patch+json"))  # type: ignore[call-arg]  # passed on to the request
-        if status in (404, 409, 422):
+        if status == 409:
+            raise Changed(status_message(text, "conflict"))
+        if status in (403, 404, 422):
             raise Refused(f"{status}: {status_message(text, 'no message')}")
         if not 200 <= status < 300:
             raise ApiRefused("writing the record", status, status_message(text, "no message"))

@@ -44,7 +44,7 @@ def cluster(stack: Stack) -> Stack:
 
 @pytest.fixture
 def pods(cluster: Stack) -> Iterator[Pods]:
-    tracker = Pods(cluster.kube)
+    tracker = Pods(cluster.kube, cluster.extender)
     yield tracker
     tracker.cleanup()
 

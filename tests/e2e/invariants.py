@@ -9,7 +9,8 @@
 - no node is over its allocatable for any resource: the bound pods' effective requests (the larger of
   the containers' sum and the largest init container, plus overhead; one ``pods`` each) per node are
   at most the Node's ``status.allocatable``;
-- both services answer ``/readyz`` with 200.
+- both services answer ``/readyz`` with 200, and the extender has written the GPUs of every pod it
+  scored on the pod (kube-scheduler binds; the extender records after the bind).
 
 The model of the backings here is deliberately independent of ``gpu_tailor.gpumodel``: it is read from
 the node's GPU Feature Discovery labels, as a person would check it.
@@ -20,10 +21,11 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 from tests.e2e.kube import Kube, Obj, api_path, wait_for
-from tests.e2e.services import Service, Stack
+from tests.e2e.services import Service, Stack, records_pending
 
 ANN_GPUS = "gpu-tailor.io/gpus"
 _SUFFIX = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
@@ -219,6 +221,10 @@ def cluster_problems(kube: Kube) -> list[str]:
     return problems
 
 
+def records_written(extender: Service) -> bool:
+    return records_pending(extender) == 0
+
+
 def wait_ready(service: Service, timeout: float = 60) -> None:
     wait_for(service.ready, timeout, f"{service.name} running and /readyz 200", interval=0.2, context=service.tail)
 
@@ -227,6 +233,13 @@ def assert_sound(stack: Stack, namespace: str, selector: str, expected: int, tim
                  services: list[Service] | None = None) -> list[Obj]:
     """Every invariant of issue 19 after a fault: the pods settled, no GPU twice, no node over its
     allocatable, the services (the stack's webhook and extender unless told) ready. Returns the pods."""
+    pods = wait_settled(stack, namespace, selector, expected, timeout)
+    extenders = [s for s in services or [stack.extender] if "extender" in s.name]
+    for extender in extenders:
+        wait_ready(extender)
+        # kube-scheduler bound them: their records are written once it goes quiet, and checked here
+        wait_for(partial(records_written, extender), 60, f"{extender.name} to write every record", interval=0.2,
+                 context=extender.tail)
     pods = wait_settled(stack, namespace, selector, expected, timeout)
     problems = cluster_problems(stack.kube)
     assert not problems, "\n".join(problems)

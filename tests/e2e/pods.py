@@ -10,6 +10,7 @@ from typing import Any
 
 from tests.conftest import review_fixture
 from tests.e2e.kube import ApiError, Kube, Obj, api_path, wait_for
+from tests.e2e.services import Service, records_pending
 
 _serial = itertools.count()
 
@@ -78,8 +79,10 @@ def requests_of(pod: Obj, container: str) -> dict[str, Any]:
 class Pods:
     """Creates pods and deletes them all (and waits until they are gone) at the end of the test."""
 
-    def __init__(self, kube: Kube) -> None:
-        self.kube = kube
+    def __init__(self, kube: Kube, extender: Service | None = None) -> None:
+        """``extender``: the one whose kube-scheduler binds the pods; ``wait_bound`` then also waits for the GPUs it
+        records after the bind."""
+        self.kube, self.extender = kube, extender
         self.created: list[tuple[str, str]] = []
 
     def create(self, namespace: str, pod: Obj) -> Obj:
@@ -96,7 +99,14 @@ class Pods:
             now = self.get(pod)
             return now if now["spec"].get("nodeName") else {}
 
-        return wait_for(bound, timeout, f"pod {pod['metadata']['name']} bound to a node")
+        out: Obj = wait_for(bound, timeout, f"pod {pod['metadata']['name']} bound to a node")
+        if self.extender is None or not self.extender.alive:
+            return out
+        # kube-scheduler bound it; the extender that scored it writes its GPUs on it once kube-scheduler is quiet
+        extender = self.extender
+        wait_for(lambda: records_pending(extender) == 0, timeout, "the extender to write the records",
+                 interval=0.1, context=extender.tail)
+        return self.get(pod)
 
     def delete(self, namespace: str, name: str) -> None:
         self.kube.delete(api_path("pods", namespace, name), grace_seconds=0)

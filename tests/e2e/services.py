@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import yaml
 
@@ -127,6 +127,25 @@ class Service:
 
     def tail(self, lines: int = 30) -> str:
         return log_tail(self.name, self.log, lines)
+
+
+def extender_metric(extender: Service, name: str, labels: str = "") -> float | None:
+    """A sample of the extender's ``/metrics`` (``labels``: as written inside the braces), None when absent."""
+    url = extender.ready_url.rsplit("/", 1)[0] + "/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    series = f"{name}{{{labels}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def records_pending(extender: Service) -> float:
+    """Pods kube-scheduler bound whose records the extender has not written yet."""
+    value = extender_metric(extender, "gpu_tailor_extender_records_pending")
+    assert value is not None, "the extender exports no gpu_tailor_extender_records_pending"
+    return value
 
 
 @dataclass
@@ -307,6 +326,57 @@ def start_stack(cp: ControlPlane, kube: Kube, workdir: Path, installer: Installe
         stack.stop()
         raise
     return stack
+
+
+def _config_path(scheduler: Service) -> Path:
+    return Path(next(a for a in scheduler.argv if a.startswith("--config=")).split("=", 1)[1])
+
+
+def scheduler_service(stack: Stack, name: str, config: dict[str, Any], port: int) -> Service:
+    """Another kube-scheduler of the stack's profile: ``config`` (a KubeSchedulerConfiguration) on ``port``."""
+    path = stack.workdir / f"{name}-config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    argv = replace_flag(_replace(stack.scheduler.argv, "--config", [f"--config={path}"]), "--secure-port", str(port))
+    return Service(f"gpu-tailor-scheduler ({name})", argv, stack.workdir / "logs" / f"{name}.log",
+                   f"https://127.0.0.1:{port}/healthz")
+
+
+def replica(stack: Stack, name: str) -> tuple[Service, Service]:
+    """A second gpu-tailor-scheduler pod: its own kube-scheduler (same profile and Lease) asking its own extender."""
+    ext_port, probes_port, sched_port = free_port(), free_port(), free_port()
+    argv = stack.extender.argv
+    argv = replace_flag(replace_flag(argv, "--listen", f"127.0.0.1:{ext_port}"), "--metrics-listen",
+                        f"{POD_IP}:{probes_port}")
+    argv = replace_flag(argv, "--scheduler-healthz", f"https://127.0.0.1:{sched_port}/healthz")
+    extender = Service(f"gpu-tailor extender ({name})", argv, stack.workdir / "logs" / f"extender-{name}.log",
+                       f"http://127.0.0.1:{ext_port}/readyz")
+    config = yaml.safe_load(_config_path(stack.scheduler).read_text())
+    config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{ext_port}"
+    return scheduler_service(stack, name, config, sched_port), extender
+
+
+@contextmanager
+def extender_binding(stack: Stack) -> Iterator[None]:
+    """The stack's kube-scheduler with the extender's ``bindVerb`` (the chart's ``scheduler.extender.bind``) for
+    the length of the block, then as shipped again."""
+    config = yaml.safe_load(_config_path(stack.scheduler).read_text())
+    config["extenders"][0]["bindVerb"] = "bind"
+    shipped, before = stack.scheduler, stack.lease_holder()
+    binding = scheduler_service(stack, "extender-binds", config, free_port())
+    shipped.stop()
+    binding.start()
+    stack.scheduler = binding
+    try:
+        wait_for(lambda: (h := stack.lease_holder()) and h != before, 60, "the binding kube-scheduler to lead",
+                 context=binding.tail)
+        yield
+    finally:
+        binding.stop()
+        stack.scheduler = shipped
+        took = stack.lease_holder()
+        shipped.start()
+        wait_for(lambda: (h := stack.lease_holder()) and h != took, 60, "the stack's kube-scheduler to lead again",
+                 context=shipped.tail)
 
 
 def pod_events(kube: Kube, pod: Obj) -> list[str]:

@@ -111,7 +111,7 @@ def test_the_extenders_metrics_are_scraped_from_the_pod_ip_and_its_verbs_are_not
         text = resp.read().decode()
     assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/plain")
     served = [line for line in text.splitlines() if line.startswith("gpu_tailor_extender_")]
-    assert any('verb="bind"' in line for line in served), served[:20]  # what kube-scheduler just called
+    assert any('verb="filter"' in line for line in served), served[:20]  # what kube-scheduler just called
     assert 'gpu_tailor_extender_watch_staleness_seconds{resource="pods"}' in text
     assert cluster.extender_probes.startswith(f"http://{POD_IP}:")
     for path in ("/healthz", "/readyz", "/livez"):

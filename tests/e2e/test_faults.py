@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import free_port
 from tests.e2e.apiproxy import ApiProxy, Request
 from tests.e2e.cluster import fixture_nodes, install_node
 from tests.e2e.invariants import (
@@ -36,7 +35,7 @@ from tests.e2e.invariants import (
 from tests.e2e.kube import Obj, api_path, load_kubeconfig, wait_for
 from tests.e2e.load import Burst
 from tests.e2e.pods import gpu_pod, gpus_annotation, limits_of
-from tests.e2e.services import Service, Stack, replace_flag
+from tests.e2e.services import Service, Stack, extender_binding, extender_metric, replace_flag, replica
 
 pytestmark = pytest.mark.e2e
 
@@ -315,30 +314,55 @@ def bindings(r: Request) -> bool:
 
 def test_binding_answer_lost_while_pod_watch_lags(cluster: Stack, group: Callable[[str], Group],
                                                   proxied: tuple[ApiProxy, Service]) -> None:
-    """An API server that stored a Binding and crashed before answering, staged with the proxy. Before
-    74fb973 the extender took the lost answer for a refusal, freed the pod's GPU, and handed it to the
-    next pod (``whole GPU 0 handed to 2 pods``); the API server restart mid-burst showed it by chance."""
+    """With the bind given to the extender (``scheduler.extender.bind``): an API server that stored a Binding and
+    crashed before answering, staged with the proxy. Before 74fb973 the extender took the lost answer for a
+    refusal, freed the pod's GPU, and handed it to the next pod (``whole GPU 0 handed to 2 pods``); the API
+    server restart mid-burst showed it by chance."""
     proxy, extender = proxied
-    g = group("lost")
+    with extender_binding(cluster):
+        g = group("lost")
+        node = g.add_node(H100)
+        wait_for(lambda: proxy.live(pods_watch) and proxy.live(nodes_watch), 30, "both watches streaming")
+        # The extender's pod watch stands still, as while its relist waits out a backoff after an API
+        # server restart; the API server stores the first Binding and its answer never comes back.
+        proxy.hold(pods_list_or_watch)
+        assert proxy.cut(pods_watch), "no pod watch to cut"
+        proxy.drop_answer(bindings)
+        g.create(g.pod("first", node=node))
+        wait_for(lambda: proxy.dropped, 30, "the first Binding stored and its answer cut",
+                 context=lambda: f"{proxy.describe()}\n{extender.tail()}")
+        first = wait_bound(cluster, g.ns, g.selector, 1)[0]
+        assert gpus_annotation(first), first["metadata"].get("annotations")
+        # kube-scheduler sees the first pod bound (its own watch is fine) and 7 of the 8 GPUs free.
+        for i in range(7):
+            g.create(g.pod(f"next-{i}", node=node))
+        wait_bound(cluster, g.ns, g.selector, 8)
+        proxy.release()
+        wait_for(lambda: proxy.live(pods_watch), 30, "the extender to watch pods again", context=extender.tail)
+        assert_sound(cluster, g.ns, g.selector, 8, services=[cluster.webhook, extender])
+
+
+def test_kube_scheduler_binds_while_the_extenders_pod_watch_lags(cluster: Stack, group: Callable[[str], Group],
+                                                                 proxied: tuple[ApiProxy, Service]) -> None:
+    """As shipped, kube-scheduler binds. The extender's pod watch stands still while 8 one-GPU pods are bound to one
+    8-GPU node: each counts where the extender ranked it first until the watch shows it, so each next one is
+    scored with the GPUs before it taken, and once the watch is back the 8 records it writes name 8 GPUs."""
+    proxy, extender = proxied
+    g = group("lagging")
     node = g.add_node(H100)
     wait_for(lambda: proxy.live(pods_watch) and proxy.live(nodes_watch), 30, "both watches streaming")
-    # The extender's pod watch stands still, as while its relist waits out a backoff after an API
-    # server restart; the API server stores the first Binding and its answer never comes back.
     proxy.hold(pods_list_or_watch)
     assert proxy.cut(pods_watch), "no pod watch to cut"
-    proxy.drop_answer(bindings)
-    g.create(g.pod("first", node=node))
-    wait_for(lambda: proxy.dropped, 30, "the first Binding stored and its answer cut",
-             context=lambda: f"{proxy.describe()}\n{extender.tail()}")
-    first = wait_bound(cluster, g.ns, g.selector, 1)[0]
-    assert gpus_annotation(first), first["metadata"].get("annotations")
-    # kube-scheduler sees the first pod bound (its own watch is fine) and 7 of the 8 GPUs free.
-    for i in range(7):
-        g.create(g.pod(f"next-{i}", node=node))
-    wait_bound(cluster, g.ns, g.selector, 8)
+    for i in range(8):
+        g.create(g.pod(f"p{i}", node=node))
+    pods = wait_bound(cluster, g.ns, g.selector, 8)
+    assert not [p for p in pods if gpus_annotation(p)]  # nothing written while the extender cannot see them bound
+    assert proxy.seen(lambda r: r.method == "PATCH") == []
     proxy.release()
     wait_for(lambda: proxy.live(pods_watch), 30, "the extender to watch pods again", context=extender.tail)
-    assert_sound(cluster, g.ns, g.selector, 8, services=[cluster.webhook, extender])
+    pods = assert_sound(cluster, g.ns, g.selector, 8, services=[cluster.webhook, extender])
+    assert sorted(g for p in pods for g in gpus_annotation(p)) == list(range(8))
+    assert len(proxy.seen(lambda r: r.method == "PATCH")) == 8  # one write per pod
 
 
 # ----- the extender killed (SIGKILL) and started again while it binds -----------------------------------
@@ -370,11 +394,12 @@ def test_extender_killed_while_binding(cluster: Stack, group: Callable[[str], Gr
 # ----- two gpu-tailor-scheduler replicas, the leader killed --------------------------------------------
 
 def test_scheduler_failover_to_the_standby_replica(cluster: Stack, group: Callable[[str], Group]) -> None:
-    port = free_port()
-    argv = replace_flag(cluster.scheduler.argv, "--secure-port", str(port))
-    standby = Service("gpu-tailor-scheduler replica 2", argv, cluster.workdir / "logs" / "kube-scheduler-2.log",
-                      f"https://127.0.0.1:{port}/healthz")
+    """Two gpu-tailor-scheduler pods, each a kube-scheduler and its extender; the leader's kube-scheduler killed
+    mid-burst. The standby takes the Lease and its extender scores the rest; each pod's GPUs are written on it once,
+    by the extender that scored it, and no GPU twice."""
+    standby, standby_extender = replica(cluster, "replica-2")
     leader, took_over = cluster.lease_holder(), ""
+    standby_extender.start()
     standby.start()
     try:
         assert cluster.lease_holder() == leader, "the second replica took a Lease that was held"
@@ -390,12 +415,18 @@ def test_scheduler_failover_to_the_standby_replica(cluster: Stack, group: Callab
             burst.wait_created(36)
         assert not burst.failures, burst.failures[:5]
         pods = wait_bound(cluster, g.ns, g.selector, 32, timeout=120)
-        pods = assert_sound(cluster, g.ns, g.selector, 36)
+        pods = assert_sound(cluster, g.ns, g.selector, 36, services=[cluster.webhook, cluster.extender,
+                                                                    standby_extender])
         assert sum(1 for p in pods if bound(p)) == 32  # 4 nodes of 8 GPUs; 4 pods wait, and say why
+        assert sorted(g for p in pods for g in gpus_annotation(p)) == sorted(list(range(8)) * 4)
+        written = [extender_metric(e, "gpu_tailor_extender_records_written_total", 'outcome="written"') or 0
+                   for e in (cluster.extender, standby_extender)]
+        assert written[0] >= 8 and written[1] > 0 and sum(written) == 32, written  # each pod once, by its scorer
         assert standby.alive
         assert cluster.lease_holder() == took_over
     finally:
         standby.stop()
+        standby_extender.stop()
         if not cluster.scheduler.alive:
             cluster.scheduler.start()
         wait_for(lambda: (h := cluster.lease_holder()) and h not in (leader, took_over), 60,

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from gpu_tailor.extender import verbs
 from gpu_tailor.extender.cache import Cache
-from gpu_tailor.extender.recorder import Recorder, Refused, record_patch
+from gpu_tailor.extender.recorder import Changed, Recorder, Refused, record_patch
 from gpu_tailor.gpumodel import labels
 from tests.conftest import node_fixture
 from tests.extender.builders import RecordingBinder, args, cluster, pod_of
@@ -69,7 +69,7 @@ async def test_the_node_ranked_first_counts_the_pod_until_the_watch_shows_it_bou
     taken = recorder.take()
     assert taken is not None
     among = verbs.BindPlan(rec.placement).among  # where the device plugin may pick other GPUs, the set
-    assert taken == (KEY, rec.uid, record_patch(rec.uid, ",".join(map(str, gpus)), among))
+    assert taken == (KEY, rec.uid, record_patch(rec.uid, "900", ",".join(map(str, gpus)), among))
     assert recorder.take() is None  # once
     # the write's news: the same GPUs, nothing moves and nothing is queued again
     cache.apply_pod("MODIFIED", bound(first, "901", {labels.ANN_GPUS: ",".join(map(str, gpus))}))
@@ -154,6 +154,8 @@ class Api:
             what = self.fail.pop(0)
             if what == "gone":
                 raise Refused('404: pods "x" not found')
+            if what == "conflict":
+                raise Changed("the object has been modified")
             raise aiohttp.ClientConnectionError("connection refused")
         self.patches.append((f"{namespace}/{name}", patch))
 
@@ -204,7 +206,7 @@ async def test_records_wait_for_kube_scheduler_to_go_quiet() -> None:
     assert clock.now - cache.last_asked >= 0.5  # written once quiet, not before
     rec = cache.pods[KEY]
     gpus = ",".join(map(str, held(cache, "h100-hgx-0")))
-    assert api.patches == [(KEY, record_patch(rec.uid, gpus, verbs.BindPlan(rec.placement).among))]
+    assert api.patches == [(KEY, record_patch(rec.uid, "900", gpus, verbs.BindPlan(rec.placement).among))]
 
 
 async def test_an_overdue_record_is_written_though_kube_scheduler_never_goes_quiet() -> None:
@@ -259,3 +261,38 @@ async def test_a_pod_that_moved_on_before_its_turn_is_not_written(change: str) -
         cache.apply_pod("MODIFIED", pod)
     recorder = Recorder(cache, no_write, CollectorRegistry())
     assert recorder.take() is None and not cache.unrecorded
+
+
+async def test_a_conflict_is_written_again_at_the_newer_version_unless_another_replica_wrote_it() -> None:
+    clock = Clock()
+    cache = scored_and_bound(clock)
+    api = Api()
+    api.fail = ["conflict"]
+
+    class KubeletWrites(Sleeps):  # the watch brings the version that conflicted a little later
+        async def __call__(self, seconds: float) -> None:
+            await super().__call__(seconds)
+            if len(self.slept) == 2:
+                status = bound("h100-hgx-0", "950")
+                status["status"] = {"phase": "Running"}
+                cache.apply_pod("MODIFIED", status)
+
+    recorder = Recorder(cache, api.patch, CollectorRegistry(), writers=1, quiet=0.0, sleep=KubeletWrites(clock))
+    await run_until(recorder, lambda: api.patches)
+    assert [p["metadata"]["resourceVersion"] for _, p in api.patches] == ["950"]
+
+    cache = scored_and_bound(clock)
+    api = Api()
+    api.fail = ["conflict"]
+
+    class OtherReplicaWrote(Sleeps):
+        async def __call__(self, seconds: float) -> None:
+            await super().__call__(seconds)
+            cache.apply_pod("MODIFIED", bound("h100-hgx-0", "951", {labels.ANN_GPUS: "4,5,6,7"}))
+
+    registry = CollectorRegistry()
+    recorder = Recorder(cache, api.patch, registry, writers=1, quiet=0.0, sleep=OtherReplicaWrote(clock))
+    await run_until(recorder, lambda: recorder.writing == 0 and not cache.unrecorded and registry.get_sample_value(
+        "gpu_tailor_extender_records_written_total", {"outcome": "conflict"}) == 1)
+    assert api.patches == []
+    assert cache.pods[KEY].recorded == (4, 5, 6, 7)  # the other replica's record stands
