@@ -59,6 +59,11 @@ def binds(outcome: str, values: str) -> dict[str, str]:
             "values": values}
 
 
+def records(outcome: str, values: str) -> dict[str, str]:
+    return {"series": f'gpu_tailor_extender_records_written_total{{namespace="{NS}", pod="e-0", outcome="{outcome}"}}',
+            "values": values}
+
+
 def ready(service: str, values: str) -> dict[str, str]:
     return {"series": f'gpu_tailor_ready{{service="{service}", namespace="{NS}", pod="{service}-0"}}',
             "values": values}
@@ -67,21 +72,21 @@ def ready(service: str, values: str) -> dict[str, str]:
 def test_each_alert_fires_when_it_should_and_not_otherwise(tmp_path: Path) -> None:
     path, alerts = rules(tmp_path, service_monitor=True)
     names = ("GpuTailorWebhookDown", "GpuTailorExtenderNotReady", "GpuTailorWatchStale", "GpuTailorBindsFailing",
-             "GpuTailorWebhookSlow")
+             "GpuTailorWebhookSlow", "GpuTailorRecordsFailing")
     assert set(alerts) == set(names)
     quiet = [{"eval_time": "20m", "alertname": n, "exp_alerts": []} for n in names]
     run(tmp_path, path, [
         # all well: both ready, watches fresh, binds succeed, answers fast
         {"interval": "1m", "input_series": [
             ready("webhook", "1x30"), ready("extender", "1x30"),
-            staleness("5x30"), binds("ok", "0+10x30"),
+            staleness("5x30"), binds("ok", "0+10x30"), records("written", "0+10x30"), records("retried", "0x30"),
             bucket("0.01", "0+100x30"),
             bucket("+Inf", "0+100x30"),
         ], "alert_rule_test": quiet},
         # both answer /metrics but are not ready; a watch quiet for 400 s; half the binds fail; answers near 5 s
         {"interval": "1m", "input_series": [
             ready("webhook", "0x30"), ready("extender", "0x30"),
-            staleness("400x30"), binds("ok", "0+10x30"), binds("error", "0+10x30"),
+            staleness("400x30"), binds("ok", "0+10x30"), binds("error", "0+10x30"), records("retried", "0+3x30"),
             bucket("2.5", "0+0x30"),
             bucket("5.0", "0+100x30"),
             bucket("+Inf", "0+100x30"),
@@ -97,6 +102,9 @@ def test_each_alert_fires_when_it_should_and_not_otherwise(tmp_path: Path) -> No
              "exp_alerts": [expect(alerts, "GpuTailorBindsFailing")]},
             {"eval_time": "25m", "alertname": "GpuTailorWebhookSlow",
              "exp_alerts": [expect(alerts, "GpuTailorWebhookSlow")]},
+            {"eval_time": "10m", "alertname": "GpuTailorRecordsFailing", "exp_alerts": []},  # not for 15m yet
+            {"eval_time": "28m", "alertname": "GpuTailorRecordsFailing",
+             "exp_alerts": [expect(alerts, "GpuTailorRecordsFailing")]},
         ]},
         # nothing scraped at all (the chart's ServiceMonitor is on): no replica is ready
         {"interval": "1m", "input_series": [], "alert_rule_test": [

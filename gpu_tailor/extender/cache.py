@@ -10,7 +10,11 @@ annotation, or predicted the first time it is seen bound without one -- and then
 record: a node event re-places the node's pods from their records, and a pod event moves a pod's GPUs
 only when its node or its own annotation says otherwise.
 
-Bind *assumes* a pod: it counts on its node at once, so the next filter sees its GPUs taken. The
+Where kube-scheduler binds (no ``bindVerb``, as shipped), prioritize *assumes* each GPU pod on the node it
+ranked first (``scored``), where the extender's weight makes kube-scheduler bind it, until the watch
+shows where it went or ``ttl`` seconds pass; bound, the pod's GPUs are queued to be written on it
+(``unrecorded``, drained by ``extender.recorder``). With ``bindVerb``, bind *assumes* a pod: it counts
+on its node at once, so the next filter sees its GPUs taken. The
 watch *confirms* it when it shows the pod bound to that node (keeping the GPUs bind chose unless the
 pod's annotation names others); a refused Binding *forgets* it; an assumption the watch never
 confirms *expires* ``ttl`` seconds after its Binding was accepted (checked at every snapshot). A
@@ -83,6 +87,7 @@ ASSUMED_TTL = 30.0  # seconds an accepted Binding may go unseen by the watch bef
 REPORT_STALE = 900.0  # seconds a node agent's report may go unrenewed (the agent renews it every 300 s)
 REPORT_CHECK = 30.0  # seconds between looks for stale reports
 KEPT_PENDING = 512  # pods asked about and not yet seen by the watch (least recently asked dropped first)
+KEPT_DELETED = 4096  # uids of deleted pods kept, so that a request about one that comes after its deletion counts nothing
 POD_CHUNK = 100  # pods a relist handles between two turns of the event loop (a few ms)
 NODE_CHUNK = 25  # nodes, likewise
 REFRESH_CHUNK = 100  # changed nodes copied into the read side per turn at the end of a relist
@@ -123,6 +128,7 @@ class Cache:
         self._contradicted: dict[str, tuple[str, tuple[int, ...]]] = {}  # pod -> (uid, GPUs) counted already
         self._reports_checked = -math.inf  # self.clock() when stale reports were last looked for
         # pods kube-scheduler bound whose GPUs are not written yet: key -> (uid, clock() when bound)
+        self.deleted: OrderedDict[str, None] = OrderedDict()  # uids of the pods last shown deleted (``_deleted``)
         self.unrecorded: dict[str, tuple[str, float]] = {}
         self.last_asked = -math.inf  # clock() of the last pod filter or prioritize was asked about
         self.on_unrecorded: Callable[[], None] | None = None  # called when one is added
@@ -194,6 +200,8 @@ class Cache:
         (``demand``: the pod's, when the request has read it already)."""
         key, uid = pod_key(pod), pod_uid(pod)
         self.last_asked = self.clock()
+        if uid in self.deleted:
+            return  # asked about after the watch showed it deleted: nothing to bind, nothing to count
         known = self.pods.get(key)
         if known is not None and known.uid == uid:
             return  # the watch has it
@@ -388,6 +396,7 @@ class Cache:
             del self.asked[key]  # the watch has it now
         old = self.pods.get(key)
         if event == "DELETED":
+            self._deleted(uid)
             if old is not None and (old.uid == uid or not uid):  # not a newer pod of the same name
                 self._drop(old)
                 self.seen.discard(old.uid)
@@ -418,6 +427,13 @@ class Cache:
         self._add(rec)
         if record:
             self._unrecorded(key, uid)
+
+    def _deleted(self, uid: str) -> None:
+        """Remember a pod the API showed deleted: kube-scheduler, whose queue lags the watch, may still ask about it."""
+        if uid:
+            self.deleted[uid] = None
+            if len(self.deleted) > KEPT_DELETED:
+                self.deleted.popitem(last=False)
 
     def _unrecorded(self, key: str, uid: str) -> None:
         """kube-scheduler bound a pod this extender scored: its GPUs are to be written on it
@@ -604,6 +620,7 @@ class PodRelist:
                     continue
                 if not live(rec, cache.clock()):  # deleted while the watch was down
                     cache._drop(rec)
+                    cache._deleted(rec.uid)
                     cache.seen.discard(rec.uid)
                 else:
                     self.uids.add(rec.uid)  # an assumption the list may predate

@@ -36,6 +36,7 @@ from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.pools import AgentMetrics, PoolGauges
 from gpu_tailor.extender.recorder import Changed, Recorder, Refused
 from gpu_tailor.extender.records import PodProjector, PodRecord, pod_record, pod_uid
+from gpu_tailor.extender.scores import MAX_SCORE
 from gpu_tailor.extender.snapshot import Snapshot
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.inventory import node_fields
@@ -183,11 +184,12 @@ async def _prioritize(request: web.Request, body: Any) -> Any:
         cache.observe(*asked)  # the policy learns the mix from the pods it scores, this one included
     out = verbs.prioritize(snap, args)
     cache.remember(args.pod, args.demand)
-    if args.demand.gpu and out:
-        top = max(o["Score"] for o in out)
-        first = [o["Host"] for o in out if o["Score"] == top]
-        if top > 0 and len(first) == 1:  # the extender's weight makes its only first choice kube-scheduler's
-            _expect(cache, snap, key, uid, first[0])
+    if args.demand.gpu:
+        # scores go by rank with ties broken by a fixed node order: the policy's first choice is the only MAX_SCORE,
+        # and the extender's weight makes it kube-scheduler's
+        first = next((o["Host"] for o in out if o["Score"] == MAX_SCORE), None)
+        if first is not None:
+            _expect(cache, snap, key, uid, first)
     return out
 
 

@@ -12,7 +12,7 @@ names are the Go struct names (the types carry no JSON tags): ExtenderArgs ``Pod
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -210,15 +210,13 @@ def _dra_scores(snap: Snapshot, names: list[str], keys: dict[str, Any]) -> list[
 
 
 def _scored(snap: Snapshot, names: list[str]) -> tuple[list[str], list[int]]:
-    """The candidates the fleet has a row for, and their rows."""
-    nodes, index = snap.nodes, snap.fleet.index
-    known, rows = [], []
-    for n in names:
-        row = index.get(n)
-        if row is not None and n in nodes:
-            known.append(n)
-            rows.append(row)
-    return known, rows
+    """The candidates the fleet has a row for, and their rows (a node with a row is in ``snap.nodes``: the
+    cache gives a node its row when it copies it there, and takes both away together)."""
+    rows = list(map(snap.fleet.index.get, names))  # one C loop: every candidate has a row, nearly always
+    if None not in rows:
+        return names, cast(list[int], rows)
+    known = [n for n, r in zip(names, rows, strict=True) if r is not None]
+    return known, [r for r in rows if r is not None]
 
 
 def _shape(snap: Snapshot, demand: Demand, names: list[str]) -> Shape:

@@ -296,3 +296,14 @@ async def test_a_conflict_is_written_again_at_the_newer_version_unless_another_r
         "gpu_tailor_extender_records_written_total", {"outcome": "conflict"}) == 1)
     assert api.patches == []
     assert cache.pods[KEY].recorded == (4, 5, 6, 7)  # the other replica's record stands
+
+
+async def test_a_pod_asked_about_after_the_watch_showed_it_deleted_counts_nowhere(client_for: Any) -> None:
+    # kube-scheduler's queue lags the watch: a pod deleted right after its create can still be filtered and scored
+    cache = cluster()
+    client = await client_for(cache)
+    cache.apply_pod("DELETED", pod_of("prioritize-nodecache-true-pod-gpu4"))
+    scores = await (await client.post("/prioritize", json=args("prioritize-nodecache-true-pod-gpu4"))).json()
+    assert max(s["Score"] for s in scores) == 10  # scored as ever
+    assert KEY not in cache.pods and KEY not in cache.asked
+    assert held(cache, "h100-hgx-0") == []  # but no phantom where it was ranked first
