@@ -12,8 +12,10 @@ only when its node or its own annotation says otherwise.
 
 Where kube-scheduler binds (no ``bindVerb``, as shipped), prioritize *assumes* each GPU pod on the node it
 ranked first (``scored``), where the extender's weight makes kube-scheduler bind it, until the watch
-shows where it went or ``ttl`` seconds pass; bound, the pod's GPUs are queued to be written on it
-(``unrecorded``, drained by ``extender.recorder``). With ``bindVerb``, bind *assumes* a pod: it counts
+shows where it went or ``scored_ttl`` seconds pass. A GPU pod filter or prioritize was asked about (``ours``:
+kube-scheduler asks only its own extender, so the standby replica's is never asked) is, once the watch
+shows it bound without a record, queued for its GPUs to be written on it (``unrecorded``, drained by
+``extender.recorder``). With ``bindVerb``, bind *assumes* a pod: it counts
 on its node at once, so the next filter sees its GPUs taken. The
 watch *confirms* it when it shows the pod bound to that node (keeping the GPUs bind chose unless the
 pod's annotation names others); a refused Binding *forgets* it; an assumption the watch never
@@ -84,6 +86,10 @@ from gpu_tailor.kube.freshness import Freshness
 log = logging.getLogger(__name__)
 
 ASSUMED_TTL = 30.0  # seconds an accepted Binding may go unseen by the watch before its GPUs are freed
+# seconds a pod counts where prioritize ranked it first, unseen bound: kube-scheduler binds within milliseconds,
+# and a pod it did not bind there (another plugin outweighed the extender, a Reserve or PreBind failed) must not
+# hold GPUs long
+SCORED_TTL = 10.0
 REPORT_STALE = 900.0  # seconds a node agent's report may go unrenewed (the agent renews it every 300 s)
 REPORT_CHECK = 30.0  # seconds between looks for stale reports
 KEPT_PENDING = 512  # pods asked about and not yet seen by the watch (least recently asked dropped first)
@@ -97,10 +103,12 @@ class Cache:
     """Nodes, pods and assumptions, kept by the watches and bind; read through ``snapshot()``."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, ttl: float = ASSUMED_TTL,
-                 wall: Callable[[], float] = time.time, report_stale: float | None = REPORT_STALE) -> None:
+                 wall: Callable[[], float] = time.time, report_stale: float | None = REPORT_STALE,
+                 scored_ttl: float = SCORED_TTL) -> None:
         """``wall``: the clock reports' ``observedAt`` is read against; ``report_stale``: seconds after which an
         unrenewed report is forgotten (None: never, for a cluster file read at another time)."""
         self.clock, self.ttl, self.wall, self.report_stale = clock, ttl, wall, report_stale
+        self.scored_ttl = scored_ttl
         self.nodes: dict[str, NodeState] = {}  # the writer's own copies, changed in place
         self.generation: dict[str, int] = {}
         self.kind_of: dict[str, int] = {}
@@ -129,6 +137,7 @@ class Cache:
         self._reports_checked = -math.inf  # self.clock() when stale reports were last looked for
         # pods kube-scheduler bound whose GPUs are not written yet: key -> (uid, clock() when bound)
         self.deleted: OrderedDict[str, None] = OrderedDict()  # uids of the pods last shown deleted (``_deleted``)
+        self.ours: OrderedDict[str, None] = OrderedDict()  # uids of the GPU pods filter or prioritize was asked about
         self.unrecorded: dict[str, tuple[str, float]] = {}
         self.last_asked = -math.inf  # clock() of the last pod filter or prioritize was asked about
         self.on_unrecorded: Callable[[], None] | None = None  # called when one is added
@@ -202,6 +211,12 @@ class Cache:
         self.last_asked = self.clock()
         if uid in self.deleted:
             return  # asked about after the watch showed it deleted: nothing to bind, nothing to count
+        if uid and (demand.gpu if demand is not None else True):
+            # kube-scheduler asks only its own extender: bound, the pod's GPUs are this replica's to write
+            self.ours[uid] = None
+            self.ours.move_to_end(uid)
+            if len(self.ours) > KEPT_DELETED:
+                self.ours.popitem(last=False)
         known = self.pods.get(key)
         if known is not None and known.uid == uid:
             return  # the watch has it
@@ -227,14 +242,14 @@ class Cache:
     def assume(self, rec: PodRecord, node: str, placement: Placement | None, *, scored: bool = False) -> None:
         """Count the pod on ``node`` with ``placement`` until the watch confirms it (or ``forget``, or
         expiry); it replaces whatever was kept under its name. ``scored``: not a Binding of ours but the
-        node prioritize ranked first, where kube-scheduler binds the pod itself: it expires ``ttl``
+        node prioritize ranked first, where kube-scheduler binds the pod itself: it expires ``scored_ttl``
         seconds from now, and once the watch shows the pod bound its GPUs are to be recorded
         (``unrecorded``)."""
         old = self.pods.get(rec.key)
         if old is not None:
             self._drop(old)
         self.asked.pop(rec.key, None)
-        deadline = self.clock() + self.ttl if scored else math.inf
+        deadline = self.clock() + self.scored_ttl if scored else math.inf
         self._add(replace(rec, node=node, placement=placement, deadline=deadline, scored=scored))
 
     def expected_binds(self) -> int:
@@ -270,7 +285,7 @@ class Cache:
             rec = self.pods[key]
             if rec.scored:
                 log.info("pod %s ranked first on %s was not seen bound in %.0fs: its GPUs are free again", key,
-                         rec.node, self.ttl)
+                         rec.node, self.scored_ttl)
             else:
                 log.warning("pod %s assumed on %s was never seen bound there: its GPUs are free again", key,
                             rec.node)
@@ -407,14 +422,14 @@ class Cache:
         if old is not None and old.uid == uid and not old.assumed and old.version and old.version == version:
             return  # exactly what we hold (bind read it back before the watch delivered it)
         rec = pod_record(obj, self.demands.of(obj, key))
-        record = False
+        # bound by kube-scheduler after this replica was asked about it, and not written yet: its GPUs are to be written
+        record = bool(rec.node) and rec.recorded is None and uid in self.ours and rec.demand.gpu
         if old is not None and old.uid == uid:
             if old.assumed:
                 if waiting(obj):
                     return  # still pending: our Binding is in flight or the watch lags, the assumption stands
                 if rec.node == old.node:
                     rec = confirmed(old, rec)
-                record = old.scored and bool(rec.node) and rec.recorded is None and rec.demand.gpu
             elif old.node == rec.node:
                 rec = kept(old, rec)
                 if replace(rec, version=old.version) == old:  # a status update: nothing decisions read changed
@@ -426,6 +441,7 @@ class Cache:
                 self.seen.discard(old.uid)
         self._add(rec)
         if record:
+            del self.ours[uid]
             self._unrecorded(key, uid)
 
     def _deleted(self, uid: str) -> None:

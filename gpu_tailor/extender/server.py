@@ -164,12 +164,8 @@ async def _filter(request: web.Request, body: Any) -> Any:
     args = verbs.extender_args(body)
     key, uid = pod_key(args.pod), pod_uid(args.pod)
     cache.unscore(key, uid)  # asked again: where it was ranked first last time did not take it
-    snap = cache.snapshot()
-    out = verbs.filter_nodes(snap, args)
+    out = verbs.filter_nodes(cache.snapshot(), args)
     cache.remember(args.pod, args.demand)  # a valid body: for a bind that beats the watch
-    passed: list[str] = out.get("NodeNames") or []
-    if len(passed) == 1 and not out.get("Nodes"):  # kube-scheduler takes a lone feasible node without scoring
-        _expect(cache, snap, key, uid, passed[0])
     return out
 
 

@@ -118,6 +118,8 @@ def wait_bound(stack: Stack, namespace: str, selector: str, expected: int, timeo
 
     out: list[Obj] = wait_for(all_bound, timeout, f"{expected} pods of {selector} bound", interval=0.5,
                               context=progress)
+    if stack.extender.alive and stack.wait_records():
+        out = stack.kube.list(api_path("pods", namespace), label_selector=selector)
     return out
 
 

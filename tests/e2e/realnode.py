@@ -720,6 +720,15 @@ def sample(text: str, series: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
+def recorded(kube: Kube, pods: list[Obj], metrics: Callable[[], str],
+             context: Callable[[], str] | None = None) -> list[Obj]:
+    """``pods`` read again once the extender (its ``metrics`` page) has written the GPUs of every pod it scored:
+    kube-scheduler binds, and the records follow the bind."""
+    wait_for(lambda: sample(metrics(), "gpu_tailor_extender_records_pending") == 0, 60,
+             "the extender to write the records of the pods it scored", interval=0.2, context=context)
+    return [kube.get(api_path("pods", p["metadata"]["namespace"], p["metadata"]["name"])) for p in pods]
+
+
 def wait_report_held(kube: Kube, node: str, metrics: Callable[[], str],
                      context: Callable[[], str] | None = None) -> None:
     """Until the extender (its ``metrics`` page) holds the node's report as the API has it now: what that report

@@ -9,6 +9,7 @@ killed and started again.
 
 from __future__ import annotations
 
+import re
 import signal
 import ssl
 import subprocess
@@ -129,15 +130,16 @@ class Service:
         return log_tail(self.name, self.log, lines)
 
 
-def extender_metric(extender: Service, name: str, labels: str = "") -> float | None:
-    """A sample of the extender's ``/metrics`` (``labels``: as written inside the braces), None when absent."""
+def extender_metric(extender: Service, name: str, **labels: str) -> float | None:
+    """The extender's ``/metrics`` sample of ``name`` with these labels (others may be there too), None when absent."""
     url = extender.ready_url.rsplit("/", 1)[0] + "/metrics"
     with urllib.request.urlopen(url, timeout=5) as resp:
         text = resp.read().decode()
-    series = f"{name}{{{labels}}}" if labels else name
     for line in text.splitlines():
-        if line.startswith(series + " "):
-            return float(line.rsplit(" ", 1)[1])
+        series, _, value = line.rpartition(" ")
+        metric, _, rest = series.partition("{")
+        if metric == name and labels.items() <= dict(re.findall(r'(\w+)="([^"]*)"', rest)).items():
+            return float(value)
     return None
 
 
@@ -195,6 +197,16 @@ class Stack:
 
         wait_for(rewritten, timeout, "the API server to call the webhook (dry-run create rewritten)",
                  interval=0.2, context=self.context)
+
+    def wait_records(self, timeout: float = 60) -> bool:
+        """Until the stack's extender has written the GPUs of every pod it scored (kube-scheduler binds; the records
+        follow the bind); False, at once, where its extender is not running."""
+        extender = self.extender
+        if not extender.alive:
+            return False
+        wait_for(lambda: records_pending(extender) == 0, timeout, "the extender to write the records", interval=0.1,
+                 context=extender.tail)
+        return True
 
     def lease_holder(self) -> str:
         """Who holds the Lease that manifests/scheduler's leaderElection names."""

@@ -190,6 +190,7 @@ def place_quarters(c: InCluster, count: int) -> list[Obj]:
 def check_records(c: InCluster, pods: list[Obj]) -> None:
     """The GPU each pod's record names (or the set it names) holds what the kubelet gave it; the agent's report says
     the same, and the extender counts no contradicted prediction."""
+    pods = realnode.recorded(c.kube, pods, c.metrics, context=c.context)
     given = c.node.allocated()
     for pod in pods:
         key = f"{OPTED_IN}/{pod['metadata']['name']}"

@@ -128,6 +128,7 @@ def place(real: Real, node: str, limits: dict[str, str], product: str, topology:
 def check(real: Real, node: str, pods: list[Obj]) -> None:
     """Each pod's allocated GPUs are its recorded ones, or within the recorded set; the extender's picture names as
     free no GPU the node gave away; with agents, the report settles each pod on what it holds, contradicting none."""
+    pods = realnode.recorded(real.kube, pods, functools.partial(metrics, real), context=lambda: context(real))
     given = real.nodes[node].allocated()
     for pod in pods:
         key = f"{OPTED_IN}/{pod['metadata']['name']}"
@@ -308,7 +309,8 @@ def test_a_lost_gpu_is_no_longer_placed_on_and_explain_names_it(real: Real) -> N
         # the plugin may hand out GPU 7: the record says so (its GPU no NVML call can name any more)
         seven = unique("hgx-7000")
         real.kube.create(api_path("pods", OPTED_IN), real_pod(seven, {labels.GPU_MILLI: "7000"}, "H100"))
-        notes = running(real, seven)["metadata"]["annotations"]
+        notes = realnode.recorded(real.kube, [running(real, seven)], functools.partial(metrics, real),
+                                  context=lambda: context(real))[0]["metadata"]["annotations"]
         assert parse_gpu_annotation(notes[labels.ANN_GPUS]) == tuple(range(7)), notes
         assert parse_gpu_annotation(notes[labels.ANN_GPUS_AMONG]) == tuple(range(8)), notes
         # the agent still reports the pod on all 7 GPUs it holds (a lost GPU's UUID remembered), within the set

@@ -134,7 +134,7 @@ def test_admitted_two_replica_shared_ask_is_placed(cluster: Stack, pods: Pods) -
 
 def _extender_filters(cluster: Stack) -> float:
     """How many filter calls the extender has answered, from its /metrics."""
-    return extender_metric(cluster.extender, "gpu_tailor_extender_requests_total", 'verb="filter",outcome="ok"') or 0.0
+    return extender_metric(cluster.extender, "gpu_tailor_extender_requests_total", verb="filter", outcome="ok") or 0.0
 
 
 def test_a_cpu_only_pod_of_an_opted_in_namespace_is_placed_and_bound_through_the_extender(

@@ -103,10 +103,10 @@ async def test_asked_again_the_pod_no_longer_counts_where_it_was_ranked_first(cl
 
 async def test_a_first_choice_never_bound_frees_its_gpus_after_the_ttl(client_for: Any) -> None:
     clock = Clock()
-    cache = cluster(clock=clock, ttl=30.0)
+    cache = cluster(clock=clock, scored_ttl=10.0)
     client = await client_for(cache)
     first = await prioritized(client)
-    clock.now += 29
+    clock.now += 9
     assert len(held(cache, first)) == 4
     clock.now += 2
     assert held(cache, first) == []
@@ -175,6 +175,7 @@ class Sleeps:
 
 def scored_and_bound(clock: Clock) -> Cache:
     cache = cluster(clock=clock)
+    cache.remember(pod_of("prioritize-nodecache-true-pod-gpu4"))  # asked about by this replica's kube-scheduler
     rec = cache.pending(KEY, "")
     assert rec is not None
     cache.assume(rec, "h100-hgx-0", None, scored=True)
@@ -307,3 +308,16 @@ async def test_a_pod_asked_about_after_the_watch_showed_it_deleted_counts_nowher
     assert max(s["Score"] for s in scores) == 10  # scored as ever
     assert KEY not in cache.pods and KEY not in cache.asked
     assert held(cache, "h100-hgx-0") == []  # but no phantom where it was ranked first
+
+
+async def test_a_filter_alone_counts_the_pod_nowhere(client_for: Any) -> None:
+    # kube-scheduler takes a lone feasible node without asking prioritize, but a filter call (a probe, a pod a later
+    # plugin turns away) binds nothing: the pod is counted once the watch shows it bound
+    cache = cluster()
+    client = await client_for(cache)
+    out = await (await client.post("/filter", json=args("filter-nodecache-true-pod-gpu4", ["h100-hgx-0"]))).json()
+    assert out["NodeNames"] == ["h100-hgx-0"]
+    assert held(cache, "h100-hgx-0") == [] and cache.pods[KEY].node == ""
+    cache.apply_pod("MODIFIED", bound("h100-hgx-0", "900"))  # kube-scheduler bound it there, without prioritize
+    assert len(held(cache, "h100-hgx-0")) == 4
+    assert KEY in cache.unrecorded  # asked about by this replica: its record is written
