@@ -103,8 +103,10 @@ def wait_settled(stack: Stack, namespace: str, selector: str, expected: int, tim
     return out
 
 
-def wait_bound(stack: Stack, namespace: str, selector: str, expected: int, timeout: float = 120) -> list[Obj]:
-    """Until ``expected`` pods of ``selector`` are bound; the pods."""
+def wait_bound(stack: Stack, namespace: str, selector: str, expected: int, timeout: float = 120,
+               records: bool = True) -> list[Obj]:
+    """Until ``expected`` pods of ``selector`` are bound, and (``records``) the stack's extender has written their GPUs
+    on them; the pods."""
     def all_bound() -> list[Obj]:
         pods = stack.kube.list(api_path("pods", namespace), label_selector=selector)
         return pods if sum(1 for p in pods if bound(p)) >= expected else []
@@ -118,7 +120,7 @@ def wait_bound(stack: Stack, namespace: str, selector: str, expected: int, timeo
 
     out: list[Obj] = wait_for(all_bound, timeout, f"{expected} pods of {selector} bound", interval=0.5,
                               context=progress)
-    if stack.extender.alive and stack.wait_records():
+    if records and stack.wait_records():
         out = stack.kube.list(api_path("pods", namespace), label_selector=selector)
     return out
 

@@ -376,7 +376,7 @@ def test_extender_killed_while_binding(cluster: Stack, group: Callable[[str], Gr
     total = 2 * 8 + 4 * 16
     burst = Burst(cluster.kube, g.ns, [g.pod(f"{i:03d}") for i in range(total)], threads=3)
     with burst.running():
-        wait_bound(cluster, g.ns, g.selector, 20)
+        wait_bound(cluster, g.ns, g.selector, 20, records=False)  # mid-burst: its records wait for the burst's end
         cluster.extender.kill()
         killed_at = sum(1 for p in g.pods() if bound(p))
         cluster.extender.start()
@@ -415,7 +415,7 @@ def test_scheduler_failover_to_the_standby_replica(cluster: Stack, group: Callab
         # 12 at once, the leader killed once 8 are bound (some in flight); the other 24 come once the standby leads
         burst = Burst(cluster.kube, g.ns, [g.pod(f"{i:02d}") for i in range(12)], threads=2)
         with burst.running():
-            wait_bound(cluster, g.ns, g.selector, 8)
+            wait_bound(cluster, g.ns, g.selector, 8, records=False)
             cluster.scheduler.kill()  # no chance to release the Lease: the standby waits out leaseDuration
             took_over = wait_for(lambda: h if (h := cluster.lease_holder()) != leader else "", 60,
                                  "the standby replica to take the Lease", context=standby.tail)

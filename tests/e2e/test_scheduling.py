@@ -95,7 +95,9 @@ def test_deployment_replicas_are_rewritten_and_bound(cluster: Stack, pods: Pods)
             items = cluster.kube.list(api_path("pods", cluster.opted_in), label_selector=f"app={name}")
             return items if len(items) == 2 and all(p["spec"].get("nodeName") for p in items) else []
 
-        replicas = wait_for(replicas_bound, 60, f"2 bound pods of Deployment {name}", context=cluster.context)
+        wait_for(replicas_bound, 60, f"2 bound pods of Deployment {name}", context=cluster.context)
+        cluster.wait_records()
+        replicas = replicas_bound()
         held: dict[str, list[int]] = {}
         for pod in replicas:
             assert pod["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
