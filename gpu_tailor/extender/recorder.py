@@ -36,6 +36,7 @@ Patch = Callable[[str, str, dict[str, Any]], Awaitable[None]]  # (namespace, nam
 WRITERS = 8  # writes in flight at once: one at a time would trail a burst of binds at the API's round trip
 QUIET = 0.5  # seconds without a filter or prioritize call before records are written
 OVERDUE = 30.0  # seconds a record may wait for quiet; older ones are written one at a time, busy or not
+OUTCOMES = ("written", "conflict", "retried", "refused", "skipped")
 RETRY_FIRST, RETRY_MAX = 0.5, 30.0  # seconds before retrying a write the API server did not take
 
 
@@ -58,7 +59,7 @@ def record_patch(uid: str, version: str, gpus: str, among: str | None) -> dict[s
 
 
 class Recorder:
-    """Drains ``cache.unrecorded`` with ``patch``; ``run`` until cancelled.
+    """Drains ``cache.unrecorded`` with ``patch`` (set once the API client exists); ``run`` until cancelled.
 
     A write costs the extender's one core about what a Binding did, and the watch's news of it a pod
     event more, so records wait for kube-scheduler to go quiet (``quiet`` seconds without a filter or
@@ -66,7 +67,7 @@ class Recorder:
     its scheduling cycles. Under load that never lets up, a record older than ``overdue`` is written
     anyway, one at a time."""
 
-    def __init__(self, cache: Cache, patch: Patch, registry: CollectorRegistry | None = None,
+    def __init__(self, cache: Cache, patch: Patch | None, registry: CollectorRegistry | None = None,
                  writers: int = WRITERS, quiet: float = QUIET, overdue: float = OVERDUE,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.cache, self.patch, self.writers = cache, patch, writers
@@ -75,6 +76,8 @@ class Recorder:
         self.writes = Counter("gpu_tailor_extender_records_written", "Records of pods kube-scheduler bound, "
                               "written after the bind, by outcome (written, refused, retried, conflict, skipped)",
                               ["outcome"], registry=registry)
+        for outcome in OUTCOMES:  # each series from zero, so that a rate over the first write is not lost
+            self.writes.labels(outcome)
         self.pending = Gauge("gpu_tailor_extender_records_pending", "GPU pods this replica scored whose GPUs are not "
                              "written on them yet (not seen bound yet, or waiting for their write)", registry=registry)
         self.pending.set_function(lambda: cache.expected_binds() + len(cache.unrecorded) + self.writing)
@@ -131,6 +134,7 @@ class Recorder:
                 self.writing -= 1
 
     async def _write(self, key: str, uid: str, patch: dict[str, Any]) -> None:
+        assert self.patch is not None, "run without a way to write"
         namespace, _, name = key.partition("/")
         delay = RETRY_FIRST
         while True:

@@ -104,6 +104,7 @@ class BinderSlot:
 CACHE = web.AppKey("cache", Cache)
 BINDER = web.AppKey("binder", BinderSlot)
 METRICS = web.AppKey("metrics", Metrics)
+RECORDER = web.AppKey("recorder", Recorder)
 
 
 async def _body(request: web.Request) -> Any:
@@ -382,6 +383,7 @@ def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT
     app[METRICS].registry.register(PoolGauges(cache))
     app[METRICS].registry.register(AgentMetrics(cache))
     app[BINDER] = BinderSlot(binder)
+    app[RECORDER] = Recorder(cache, None, app[METRICS].registry)
     app.router.add_post("/filter", _verb("filter", _filter))
     app.router.add_post("/prioritize", _verb("prioritize", _prioritize))
     app.router.add_post("/bind", _verb("bind", _bind))
@@ -491,7 +493,8 @@ def watch_ctx(cache: Cache, kubeconfig: str | None, in_cluster: bool) -> Any:
         async with watching(kubeconfig, in_cluster, watches) as api:
             binder = ApiBinder(api)
             app[BINDER].binder = binder
-            recorder = asyncio.create_task(Recorder(cache, binder.patch_pod, app[METRICS].registry).run())
+            app[RECORDER].patch = binder.patch_pod
+            recorder = asyncio.create_task(app[RECORDER].run())
             try:
                 yield
             finally:
