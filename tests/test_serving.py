@@ -79,17 +79,7 @@ async def test_requests_in_flight_finish_after_the_listener_closes() -> None:
         in_flight = asyncio.create_task(session.get(f"{base}/slow"))
         await slow.entered.wait()
         stop.set()
-        # the listener closes while the request is still held
-        for _ in range(500):
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                await writer.wait_closed()
-                await asyncio.sleep(0.01)
-            except OSError:
-                break
-        else:
-            raise AssertionError("the listener never closed")
+        await until_refused(port)  # the listener closes while the request is still held
         assert not server.done()
         slow.release.set()
         resp = await in_flight
