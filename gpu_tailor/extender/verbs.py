@@ -144,6 +144,7 @@ def filter_nodes(snap: Snapshot, body: Any) -> dict[str, Any]:
         return {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
                 "Error": "gpu-tailor extender is not synced with the API server yet"}
     passed: list[str] = []
+    fit_failed = False  # a node passed for DRA's sake though fit() refused it
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
     if not demand.gpu and not demand.error:
@@ -153,11 +154,13 @@ def filter_nodes(snap: Snapshot, body: Any) -> dict[str, Any]:
         for name, f in zip(names, snap.fits(names, demand), strict=True):
             if f.ok or name in served:  # served: DynamicResources allocated a claim for it there already
                 passed.append(name)
+                if not f.ok:
+                    fit_failed = True
             elif f.unresolvable:
                 unresolvable[name] = f.reason
             else:
                 failed[name] = f.reason
-    if demand.gpu:
+    if demand.gpu and not fit_failed:  # every node passed fits: prioritize need not fit them again
         snap.verdicts.filtered(demand, snap.generation, passed)
     out: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
     if objs is None:

@@ -15,9 +15,10 @@ from prometheus_client import CollectorRegistry
 from gpu_tailor.extender import verbs
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.recorder import Changed, Recorder, Refused, record_patch
+from gpu_tailor.extender.snapshot import Verdicts
 from gpu_tailor.gpumodel import labels
 from tests.conftest import node_fixture
-from tests.extender.builders import RecordingBinder, args, cluster, pod_of
+from tests.extender.builders import RecordingBinder, args, cluster, gpu_pod, pod_of
 
 KEY = "gpu-jobs/train-gpu4"
 
@@ -321,3 +322,31 @@ async def test_a_filter_alone_counts_the_pod_nowhere(client_for: Any) -> None:
     cache.apply_pod("MODIFIED", bound("h100-hgx-0", "900"))  # kube-scheduler bound it there, without prioritize
     assert len(held(cache, "h100-hgx-0")) == 4
     assert KEY in cache.unrecorded  # asked about by this replica: its record is written
+
+
+async def test_prioritize_right_after_filter_does_not_fit_the_candidates_again(client_for: Any,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = cluster()
+    client = await client_for(cache)
+    calls: list[int] = []
+    fits = Verdicts.fits
+
+    def counted(self: Verdicts, *a: Any) -> Any:
+        calls.append(1)
+        return fits(self, *a)
+
+    async def filter_then_prioritize(between: Any = None) -> Any:
+        out = await (await client.post("/filter", json=args("filter-nodecache-true-pod-gpu4"))).json()
+        if between is not None:
+            between()
+        body = args("prioritize-nodecache-true-pod-gpu4", out["NodeNames"])  # what filter passed, as kube-scheduler
+        return await (await client.post("/prioritize", json=body)).json()
+
+    monkeypatch.setattr(Verdicts, "fits", counted)
+    scores = await filter_then_prioritize()
+    assert len(calls) == 1  # filter's verdicts stand: nothing changed between the two calls
+    first = next(s["Host"] for s in scores if s["Score"] == 10)
+    calls.clear()
+    again = await filter_then_prioritize(lambda: cache.apply_pod("MODIFIED", gpu_pod("other", 1, node=first)))
+    assert len(calls) == 2  # a node changed in between: fitted again
+    assert [s["Host"] for s in again] == [s["Host"] for s in scores]
