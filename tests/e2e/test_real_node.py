@@ -306,17 +306,20 @@ def test_a_lost_gpu_is_no_longer_placed_on_and_explain_names_it(real: Real) -> N
         wait_for(said_why, 60, f"{name} refused for GPU 7", interval=0.5, context=lambda: context(real))
         # kube-scheduler retries an unschedulable pod on a cluster event or after 5 minutes; a report is no event to it
         real.kube.delete(api_path("pods", OPTED_IN, name), grace_seconds=0)
-        # the plugin may hand out GPU 7: the record says so (its GPU no NVML call can name any more)
+        # the plugin may hand out GPU 7: the record says so (its GPU no NVML call can name any more), or -- where the
+        # agent's report of the running pod reached the extender before the record was written after the bind -- the
+        # record is what the pod holds
         seven = unique("hgx-7000")
         real.kube.create(api_path("pods", OPTED_IN), real_pod(seven, {labels.GPU_MILLI: "7000"}, "H100"))
         notes = realnode.recorded(real.kube, [running(real, seven)], functools.partial(metrics, real),
                                   context=lambda: context(real))[0]["metadata"]["annotations"]
-        assert parse_gpu_annotation(notes[labels.ANN_GPUS]) == tuple(range(7)), notes
-        assert parse_gpu_annotation(notes[labels.ANN_GPUS_AMONG]) == tuple(range(8)), notes
-        # the agent still reports the pod on all 7 GPUs it holds (a lost GPU's UUID remembered), within the set
         key = f"{OPTED_IN}/{seven}"
+        # the agent still reports the pod on all 7 GPUs it holds (a lost GPU's UUID remembered), within the set
         wait_for(lambda: len(realnode.held_by_pod(real.kube.get(report)).get(key, ())) == 7, 60,
                  f"{HGX}'s report naming the 7 GPUs {seven} holds", interval=0.5, context=lambda: context(real))
+        given = tuple(sorted(realnode.held_by_pod(real.kube.get(report))[key]))
+        gpus, among = (parse_gpu_annotation(notes.get(k, "")) for k in (labels.ANN_GPUS, labels.ANN_GPUS_AMONG))
+        assert (gpus, among) in ((tuple(range(7)), tuple(range(8))), (given, None)), (notes, given)
         wait_applied(real, HGX)
         assert contradictions(real) == 0
         delete(real, [seven])
