@@ -27,6 +27,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpu_tailor.extender.cache import Cache
+from gpu_tailor.extender.records import PodRecord
 from gpu_tailor.extender.verbs import BindPlan
 from gpu_tailor.gpumodel import labels
 
@@ -94,16 +95,28 @@ class Recorder:
             if busy and cache.clock() - since < self.overdue:
                 return None
             del cache.unrecorded[key]
-            rec = cache.pods.get(key)
-            if rec is None or rec.uid != uid or not rec.node or rec.assumed or rec.recorded is not None:
+            patch = self._patch(key, uid)
+            if patch is None:
                 self.writes.labels("skipped").inc()
                 continue
-            plan = BindPlan(rec.placement)
-            if plan.gpus is None:
-                self.writes.labels("skipped").inc()
-                continue
-            return key, uid, record_patch(uid, rec.version, plan.gpus, plan.among)
+            return key, uid, patch
         return None
+
+    def _needing(self, key: str, uid: str) -> PodRecord | None:
+        """The pod's record while it is still bound, the same pod, and without its written record; else None."""
+        rec = self.cache.pods.get(key)
+        if rec is None or rec.uid != uid or not rec.node or rec.assumed or rec.recorded is not None:
+            return None
+        return rec
+
+    def _patch(self, key: str, uid: str) -> dict[str, Any] | None:
+        """The write of the pod's record as the cache holds it now (a node agent's report may have moved its GPUs);
+        None when it needs none, or its GPUs are not known (counted, not placed)."""
+        rec = self._needing(key, uid)
+        plan = BindPlan(rec.placement) if rec is not None else None
+        if rec is None or plan is None or plan.gpus is None:
+            return None
+        return record_patch(uid, rec.version, plan.gpus, plan.among)
 
     async def run(self) -> None:
         workers = [asyncio.create_task(self._worker(i)) for i in range(self.writers)]
@@ -160,18 +173,15 @@ class Recorder:
                 await self.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
                 wait = self._newer(key, uid, "")
-            if wait != "write":
+            new = self._patch(key, uid) if wait == "write" else None
+            if new is None:
                 return
-            rec = self.cache.pods[key]
-            plan = BindPlan(rec.placement)  # a node agent's report may have moved it meanwhile
-            if plan.gpus is None:
-                return
-            patch = record_patch(uid, rec.version, plan.gpus, plan.among)
+            patch = new
 
     def _newer(self, key: str, uid: str, tried: str) -> str:
         """"write" when the pod still needs its record and is held at another version than ``tried``; "lagging"
         when it still needs it but the watch has not brought the version the API server holds; "done" else."""
-        rec = self.cache.pods.get(key)
-        if rec is None or rec.uid != uid or rec.recorded is not None or not rec.node or rec.assumed:
+        rec = self._needing(key, uid)
+        if rec is None:
             return "done"
         return "lagging" if rec.version == tried else "write"
