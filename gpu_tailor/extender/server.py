@@ -160,9 +160,23 @@ def _verb(name: str, fn: Callable[[web.Request, Any], Awaitable[Any]]) -> Callab
     return handler
 
 
+class LastArgs:
+    """The last filter's or prioritize's request, read: the next one about the same pod reuses its demand."""
+
+    def __init__(self) -> None:
+        self.args: verbs.ExtenderArgs | None = None
+
+    def read(self, body: Any) -> verbs.ExtenderArgs:
+        self.args = verbs.extender_args(body, self.args)
+        return self.args
+
+
+LAST_ARGS = web.AppKey("last_args", LastArgs)
+
+
 async def _filter(request: web.Request, body: Any) -> Any:
     cache = request.app[CACHE]
-    args = verbs.extender_args(body)
+    args = request.app[LAST_ARGS].read(body)
     key, uid = pod_key(args.pod), pod_uid(args.pod)
     cache.unscore(key, uid)  # asked again: where it was ranked first last time did not take it
     out = verbs.filter_nodes(cache.snapshot(), args)
@@ -172,7 +186,7 @@ async def _filter(request: web.Request, body: Any) -> Any:
 
 async def _prioritize(request: web.Request, body: Any) -> Any:
     cache = request.app[CACHE]
-    args = verbs.extender_args(body)
+    args = request.app[LAST_ARGS].read(body)
     key, uid = pod_key(args.pod), pod_uid(args.pod)
     cache.unscore(key, uid)
     snap = cache.snapshot()
@@ -384,6 +398,7 @@ def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT
     app[METRICS].registry.register(AgentMetrics(cache))
     app[BINDER] = BinderSlot(binder)
     app[RECORDER] = Recorder(cache, None, app[METRICS].registry)
+    app[LAST_ARGS] = LastArgs()
     app.router.add_post("/filter", _verb("filter", _filter))
     app.router.add_post("/prioritize", _verb("prioritize", _prioritize))
     app.router.add_post("/bind", _verb("bind", _bind))

@@ -12,6 +12,7 @@ names are the Go struct names (the types carry no JSON tags): ExtenderArgs ``Pod
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, cast
 
 import numpy as np
@@ -52,6 +53,7 @@ def pod_of(body: Any) -> dict[str, Any]:
 
 
 _QUANTITY = (str, int, float)
+_OK = attrgetter("ok")
 
 
 def _pod_problem(pod: dict[str, Any]) -> str | None:
@@ -129,12 +131,24 @@ class ExtenderArgs:
     demand: Demand
 
 
-def extender_args(body: Any) -> ExtenderArgs:
+def extender_args(body: Any, last: ExtenderArgs | None = None) -> ExtenderArgs:
+    """The request read; ``last``: the previous request's, whose demand is reused when it is the same pod at the same
+    resourceVersion (kube-scheduler asks prioritize right after filter about the pod as its cache holds it: the
+    same object, which need not be read twice)."""
     if isinstance(body, ExtenderArgs):
         return body
     pod = pod_of(body)
     names, objs = _node_names(body)
+    if last is not None and _same_version(pod, last.pod):
+        return ExtenderArgs(pod, names, objs, last.demand)
     return ExtenderArgs(pod, names, objs, demand_of(pod))
+
+
+def _same_version(pod: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two pods are one object at one resourceVersion (both known: a pod without them is read again)."""
+    a, b = pod["metadata"], other["metadata"]
+    version, uid = a.get("resourceVersion"), a.get("uid")
+    return bool(version and uid) and version == b.get("resourceVersion") and uid == b.get("uid")
 
 
 def filter_nodes(snap: Snapshot, body: Any) -> dict[str, Any]:
@@ -151,15 +165,19 @@ def filter_nodes(snap: Snapshot, body: Any) -> dict[str, Any]:
         passed = list(names)  # nothing of ours to check: kube-scheduler checks CPU and memory
     else:
         served = dra_served(snap, demand)
-        for name, f in zip(names, snap.fits(names, demand), strict=True):
-            if f.ok or name in served:  # served: DynamicResources allocated a claim for it there already
-                passed.append(name)
-                if not f.ok:
-                    fit_failed = True
-            elif f.unresolvable:
-                unresolvable[name] = f.reason
-            else:
-                failed[name] = f.reason
+        fits = snap.fits(names, demand)
+        if all(map(_OK, fits)):  # every node fits, as most do: one C loop, not a Python one
+            passed = list(names)
+        else:
+            for name, f in zip(names, fits, strict=True):
+                if f.ok or name in served:  # served: DynamicResources allocated a claim for it there already
+                    passed.append(name)
+                    if not f.ok:
+                        fit_failed = True
+                elif f.unresolvable:
+                    unresolvable[name] = f.reason
+                else:
+                    failed[name] = f.reason
     if demand.gpu and not fit_failed:  # every node passed fits: prioritize need not fit them again
         snap.verdicts.filtered(demand, snap.generation, passed)
     out: dict[str, Any] = {"FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
@@ -275,7 +293,7 @@ def _prioritize_known(snap: Snapshot, names: list[str], demand: Demand) -> list[
     ok = ~np.isnan(scores)  # NaN: does not fit
     if demand.gpu and ok.any():  # the fleet model is coarse for MIG/replicas: a node must also pass fit()
         fitting = np.flatnonzero(ok)
-        candidates = [known[i] for i in fitting]
+        candidates = known if len(fitting) == len(known) else [known[i] for i in fitting]
         if not snap.verdicts.all_passed(demand, snap.generation, candidates):  # else filter just fitted them
             ok[fitting] = [f.ok for f in snap.fits(candidates, demand)]
     degraded = snap.degraded
