@@ -144,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--time-sliced", type=float, default=0.3, metavar="SHARE",
                     help="with --scheduler on trace or generated nodes: this share of each model's nodes time-sliced")
     si.add_argument("--replicas", type=int, default=20, help="with --time-sliced: replicas per GPU")
+    si.add_argument("--dra", type=float, default=0.0, metavar="SHARE",
+                    help="with --scheduler on trace or generated nodes: this share of each model's GPU nodes "
+                         "published through NVIDIA's DRA driver instead of the device plugin (1: all of them): GPUs "
+                         "as devices a claim takes whole, time-sliced nodes' GPUs as shared devices a claim takes "
+                         "memory of; kube-scheduler's DRA allocator picks the devices (first fit)")
     si.add_argument("--replica-policy", choices=("distributed", "packed", "spread"),
                     help="with --scheduler: how the device plugin hands out replicas (its "
                          "--shared-devices-allocation-policy; default: distributed, or a dump's node labels)")

@@ -73,13 +73,14 @@ from gpu_tailor.extender.records import (
 from gpu_tailor.extender.scores import node_order
 from gpu_tailor.extender.snapshot import NodeInfo, Snapshot, Verdicts
 from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.gpumodel.dra import gpu_column
 from gpu_tailor.gpumodel.fleet import Fleet, Shape
 from gpu_tailor.gpumodel.inventory import HealthState, NodeInventory, from_node
 from gpu_tailor.gpumodel.occupancy import Placement
 from gpu_tailor.gpumodel.policies import TailorPolicy
 from gpu_tailor.gpumodel.report import NodeReport, parse_time
 from gpu_tailor.gpumodel.report import parse as parse_report
-from gpu_tailor.gpumodel.schedule import Demand, NodeState, fleet_row, node_state, pod_key, shape_of
+from gpu_tailor.gpumodel.schedule import Demand, NodeState, dra_row, fleet_row, node_state, pod_key, shape_of
 from gpu_tailor.gpumodel.topology import from_peers
 from gpu_tailor.kube.freshness import Freshness
 
@@ -127,6 +128,8 @@ class Cache:
         self.freshness: dict[str, Freshness] = {}  # per watched resource, when watches keep the cache
         self.dra = DraState(enabled=False)  # DRA pools; on where the watches find resource.k8s.io/v1
         self._last_generation = 0
+        self._dra_version = 0  # the DRA state's version the fleet's DRA rows were written at
+        self._dra_nodes: set[str] = set()  # the nodes with DRA pools then
         self._dirty: set[str] = set()  # nodes changed since the last snapshot
         self._view: dict[str, NodeInfo] = {}
         self._degraded: set[str] = set()
@@ -154,9 +157,21 @@ class Cache:
         fleet rows written; assumptions past their deadline are dropped first."""
         self.expire()
         self.expire_reports()
+        self._dra_changed()
         self.refresh()
         return Snapshot(self._view, self.fleet, self.policy, frozenset(self._degraded), self.verdicts, self.ready,
                         self.dra, self._last_generation)
+
+    def _dra_changed(self) -> None:
+        """After DRA slices or claims change, the fleet rows of the nodes with DRA pools (before or now) are written
+        again: their GPUs are the DRA devices (``_refresh``)."""
+        dra = self.dra
+        if not dra.enabled or dra.version == self._dra_version:
+            return
+        self._dra_version = dra.version
+        now = dra.inventory().nodes()
+        self._dirty.update(n for n in now | self._dra_nodes if n in self.nodes)
+        self._dra_nodes = now
 
     def refresh(self, limit: int | None = None) -> int:
         """Copy up to ``limit`` changed nodes (all of them by default) into the read side, as the next
@@ -191,6 +206,8 @@ class Cache:
         else:
             self._degraded.discard(name)
         row = fleet_row(copy)
+        if name in self._dra_nodes:  # its GPUs may be DRA devices
+            row = dra_row(row, gpu_column(self.dra.inventory().on_node(name), self.dra.usage()), inv)
         at = self.fleet.upsert(name, row.cpu_free, row.mem_free_mib, row.gpu_free, row.model, row.topology,
                                cpu_capacity=row.cpu_capacity, pick=row.pick, step=row.step)
         self.fleet.rank[at] = node_order(name)  # ties go by a fixed node order (extender/scores.py)

@@ -24,7 +24,7 @@ from gpu_tailor.extender.snapshot import NodeInfo, Snapshot
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import from_canonical
 from gpu_tailor.gpumodel.devices import dra as claims
-from gpu_tailor.gpumodel.fleet import Shape
+from gpu_tailor.gpumodel.fleet import PICK_FIRST, Shape
 from gpu_tailor.gpumodel.occupancy import Placement, format_gpu_annotation
 from gpu_tailor.gpumodel.schedule import Demand, demand_of, fit, pod_key, shape_of
 
@@ -259,7 +259,8 @@ def shape_asked(snap: Snapshot, body: Any) -> tuple[str, Shape] | None:
     args = extender_args(body)
     if not snap.ready or not args.names:
         return None
-    return _uid(args.pod), _shape(snap, args.demand, args.names)
+    claimed = _claim_shape(snap, args.pod, args.demand)  # a claim on DRA pools: its share of the GPUs
+    return _uid(args.pod), claimed[0] if claimed is not None else _shape(snap, args.demand, args.names)
 
 
 def prioritize(snap: Snapshot, body: Any) -> list[dict[str, Any]]:
@@ -268,7 +269,9 @@ def prioritize(snap: Snapshot, body: Any) -> list[dict[str, Any]]:
     if not snap.ready or not names:
         return [{"Host": n, "Score": 0} for n in names]
     ladders = claim_ladders(snap, args.pod) if not demand.gpu else None
-    if ladders is not None:  # a claim on DRA pools: the nodes where its smallest rung fits, the fullest first
+    if ladders is not None and (packed := _claim_scores(snap, names, ladders, demand)) is not None:
+        return packed
+    if ladders is not None:  # another claim on DRA pools: the nodes where its smallest rung fits, the fullest first
         dra = snap.dra
         inv, usage = dra.inventory(), dra.usage()
         pooled = inv.nodes()
@@ -283,6 +286,40 @@ def prioritize(snap: Snapshot, body: Any) -> list[dict[str, Any]]:
                                              for n in names if n in served})
         return out  # device-plugin nodes stay the home of native asks, as before DRA
     return _prioritize_known(snap, names, demand)
+
+
+def _claim_shape(snap: Snapshot, pod: dict[str, Any], demand: Demand) -> tuple[Shape, bool] | None:
+    """The fleet's shape of a pod's claim on DRA pools (``claims.fleet_shape``), and whether it shares a device."""
+    ladders = claim_ladders(snap, pod) if not demand.gpu else None
+    return claims.fleet_shape(ladders, demand.cpu_milli, demand.memory_mib) if ladders is not None else None
+
+
+def _claim_scores(snap: Snapshot, names: list[str], ladders: claims.Ladders,
+                  demand: Demand) -> list[dict[str, Any]] | None:
+    """A claim of whole GPUs or of a share of a shared GPU, ranked as a device-plugin ask is: the policy scores the
+    placement kube-scheduler's allocator will make on each node (the devices it takes first, ``PICK_FIRST`` rows of
+    the fleet) by the fragmentation it leaves. A node counts where the allocator can allocate the claim now
+    (``claims.node_picks``) on devices its fleet row holds; None for a claim the fleet cannot hold."""
+    fitted = claims.fleet_shape(ladders, demand.cpu_milli, demand.memory_mib)
+    if fitted is None:
+        return None
+    shape, shared = fitted
+    fleet, inv, usage = snap.fleet, snap.dra.inventory(), snap.dra.usage()
+    pooled = inv.nodes()
+    known = [n for n in names if n in pooled and n in fleet.index]
+    rows = np.array([fleet.index[n] for n in known], np.int64)
+    ok = np.zeros(len(known), bool)
+    for i, n in enumerate(known):
+        picks = claims.node_picks(ladders, inv, usage, n)
+        pick = next(iter(picks.values())) if picks else None
+        ok[i] = pick is not None and pick.device.shared == shared and fleet.pick[rows[i]] == PICK_FIRST
+    scores, _ = snap.policy.node_scores(shape, rows) if len(rows) else (np.zeros(0), None)
+    ok &= ~np.isnan(scores)
+    policy = snap.policy
+    whole = shape if policy.keep_whole_nodes else None
+    final = extender_scores(scores, ok, tie_order(fleet, rows, True, whole, policy.tie_keys))
+    by_name = dict(zip(known, final.tolist(), strict=True))
+    return [{"Host": n, "Score": by_name.get(n, 0)} for n in names]
 
 
 def _prioritize_known(snap: Snapshot, names: list[str], demand: Demand) -> list[dict[str, Any]]:

@@ -153,6 +153,7 @@ def read_slices(slices: Iterable[dict[str, Any]]) -> DraInventory:
         spec = s.get("spec") if isinstance(s, dict) else None
         if isinstance(spec, dict) and spec.get("driver") == DRIVER:
             mine.append((str((s.get("metadata") or {}).get("name", "")), spec))
+    mine.sort(key=lambda named: named[0])  # a pool's devices in the allocator's order: by slice name, as listed
     newest: dict[str, int] = {}
     for _, spec in mine:
         pool = spec.get("pool") or {}
@@ -258,6 +259,30 @@ class Usage:
     def free(self, device: DraDevice) -> bool:
         """Whether a claim could take ``device`` whole now."""
         return device.key not in self.taken and device.key not in self.consumed
+
+
+@dataclass(frozen=True, slots=True)
+class GpuColumn:
+    """A node's DRA GPUs as a placement fleet row holds GPUs: the free share of each (milli, 1000 = idle), in the
+    order kube-scheduler's allocator searches them (pool, then slice, then as the slice lists them), and whether
+    they are shared devices (a claim consumes memory of one) or devices a claim takes whole. MIG devices are not in
+    it: a GPU in MIG mode is not published whole."""
+
+    free: tuple[int, ...]
+    shared: bool
+    product: str
+
+
+def gpu_column(pools: Iterable[DraPool], usage: Usage) -> GpuColumn | None:
+    """The GPUs of one node's pools (``DraInventory.on_node``) as a fleet row's column; None where it has none, or
+    has both shared devices and devices taken whole (a row holds one kind)."""
+    devices = [d for p in sorted(pools, key=lambda p: p.name) for d in p.devices.values() if d.type is DeviceType.GPU]
+    kinds = {d.shared for d in devices}
+    if len(kinds) != 1:
+        return None
+    free = tuple(usage.memory_left(d) * 1000 // d.memory_bytes if d.shared else 1000 * usage.free(d)
+                 for d in devices)
+    return GpuColumn(free, kinds.pop(), devices[0].product)
 
 
 def allocated(claims: Iterable[dict[str, Any]]) -> Usage:

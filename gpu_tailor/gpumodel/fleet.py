@@ -83,6 +83,10 @@ class Shape:
 # where the node has that many free (the kubelet counts them; the plugin hands them out one at a time,
 # over the GPUs), and is scored on the GPU that gets the most of them (``candidates``).
 PICK_ANY, PICK_MOST_FREE, PICK_LEAST_FREE = 0, 1, 2
+# Or kube-scheduler's DRA allocator, on a node whose GPUs a DRA driver publishes: the first device, in the order the
+# pool lists them, that the claim fits (it scores no device), for a sharing pod (a share of a shared device) and for
+# whole GPUs alike (``Policy.whole_gpus`` takes the first idle ones on a row of this pick).
+PICK_FIRST = 3
 
 
 class Fleet:
@@ -325,6 +329,12 @@ def candidates(fleet: Fleet, shape: Shape, rows: Array) -> PlacementCandidates:
         # GPUs of one node with the same free share are interchangeable: keep the lowest index
         _, first = np.unique(i * (MILLI + 1) + before, return_index=True)
         i, g, before = i[first], g[first], before[first]
+        first = fleet.pick[rows[i]] == PICK_FIRST
+        if first.any():  # the allocator's pick: the lowest GPU with room (unique kept the lowest of each share)
+            lowest = np.full(len(rows), fleet.width, np.int64)
+            np.minimum.at(lowest, i, g)
+            keep = ~first | (g == lowest[i])
+            i, g, before = i[keep], g[keep], before[keep]
         pick = np.where(shape.milli <= fleet.step[rows[i]], fleet.pick[rows[i]], PICK_ANY)
         if pick.any():  # where the device plugin picks the GPU of one replica, that GPU is the only placement
             most = np.full(len(rows), -1, np.int64)

@@ -16,7 +16,8 @@ from typing import Any
 from gpu_tailor.gpumodel import devices, labels
 from gpu_tailor.gpumodel.ask import PodAsk, Topology, from_pod, kube_effective
 from gpu_tailor.gpumodel.devices.base import Fit as Fit
-from gpu_tailor.gpumodel.fleet import PICK_ANY, PICK_LEAST_FREE, PICK_MOST_FREE, Shape
+from gpu_tailor.gpumodel.dra import GpuColumn
+from gpu_tailor.gpumodel.fleet import PICK_ANY, PICK_FIRST, PICK_LEAST_FREE, PICK_MOST_FREE, Shape
 from gpu_tailor.gpumodel.inventory import BackingKind, HealthState, NodeInventory, Offering, UnitsRefusal
 from gpu_tailor.gpumodel.occupancy import FULL, NodeGpus, Placement, ReplicaPolicy, parse_gpu_annotation
 from gpu_tailor.gpumodel.quantity import parse_quantity
@@ -122,7 +123,7 @@ class FleetRow:
     mem_free_mib: int
     gpu_free: tuple[int, ...]
     model: str
-    topology: GpuTopology
+    topology: GpuTopology | None  # None: no NVLink to count on (a DRA driver publishes none)
     cpu_capacity: int
     pick: int = PICK_ANY  # who picks a replica's GPU (``fleet.PICK_*``)
     step: int = 0  # milli of one replica, where the device plugin picks
@@ -146,6 +147,16 @@ def fleet_row(node: NodeState) -> FleetRow:
     topology = gpus.promised_topology
     return FleetRow(inv.cpu_milli - node.cpu_used, inv.memory_bytes // 2**20 - node.mem_used_mib, free, inv.model,
                     topology, inv.cpu_milli, pick, FULL // inv.replicas if shared else 0)
+
+
+def dra_row(row: FleetRow, column: GpuColumn | None, inv: NodeInventory) -> FleetRow:
+    """The row of a node whose GPUs NVIDIA's DRA driver publishes (``dra.gpu_column``), where its device plugin sells
+    none (a node is one or the other): the DRA devices as its GPUs, each picked by kube-scheduler's allocator (first
+    fit, ``PICK_FIRST``), no NVLink. Else ``row`` as it is."""
+    if column is None or not column.free or any(o.allocatable > 0 for o in inv.offerings):
+        return row
+    return replace(row, gpu_free=column.free, model=column.product or row.model, topology=None, pick=PICK_FIRST,
+                   step=0)
 
 
 def node_state(inv: NodeInventory) -> NodeState:

@@ -284,6 +284,22 @@ def time_sliced(nodes: list[TraceNode], share: float, replicas: int, seed: int) 
     return [SimNode(n, replicas if i in shared else 0) for i, n in enumerate(nodes)]
 
 
+def through_dra(nodes: list[SimNode], share: float, seed: int) -> list[SimNode]:
+    """``share`` of each GPU model's nodes (rounded, picked with ``seed``) published through DRA instead of the device
+    plugin (a node is one or the other), each as it was: whole GPUs, or shared ones."""
+    by_model: dict[str, list[int]] = defaultdict(list)
+    for i, n in enumerate(nodes):
+        if n.node.gpus:
+            by_model[n.node.model].append(i)
+    rng = random.Random(seed + 1)  # not the draw of the time-sliced nodes
+    dra: set[int] = set()
+    for model in sorted(by_model):
+        picked = list(by_model[model])
+        rng.shuffle(picked)
+        dra.update(picked[: round(len(picked) * share)])
+    return [replace(n, dra=True) if i in dra else n for i, n in enumerate(nodes)]
+
+
 def scheduled_table(runs: list[tuple[str, str, int, Meter]], top: int, largest: int) -> str:
     groups: dict[tuple[str, str], list[Meter]] = defaultdict(list)
     for scheduler, policy, _, meter in runs:
@@ -317,6 +333,11 @@ def run_scheduled(args: argparse.Namespace) -> int:
         policies, seeds = checked(args, ["tailor"])
         if not 0 <= args.time_sliced <= 1 or args.replicas < 2:
             raise TraceError("--time-sliced: a share between 0 and 1; --replicas: at least 2")
+        if not 0 <= args.dra <= 1:
+            raise TraceError("--dra: a share between 0 and 1")
+        if args.dra and args.cluster_file:
+            raise TraceError("--dra publishes trace or generated nodes through DRA; a --cluster-file's DRA pools are "
+                             "not simulated yet")
         prior = parse_prior(args.prior) if args.prior else None
         weight = DEFAULT_EXTENDER_WEIGHT if args.extender_weight is None else args.extender_weight
         if weight < 1:
@@ -331,7 +352,8 @@ def run_scheduled(args: argparse.Namespace) -> int:
                 template, workload = dumped.pods, f"the {len(dumped.pods)} pods of {args.cluster_file}"
         else:
             nodes_src, pods_src = sources(args)
-            nodes = time_sliced(nodes_of(nodes_src), args.time_sliced, args.replicas, seeds[0])
+            nodes = through_dra(time_sliced(nodes_of(nodes_src), args.time_sliced, args.replicas, seeds[0]),
+                                args.dra, seeds[0])
             template, workload = pods_of(pods_src)
         if args.replica_policy:  # every shared pool's device plugin configured so
             nodes = [replace(n, policy=ReplicaPolicy(args.replica_policy)) if n.shared else n for n in nodes]
@@ -346,9 +368,13 @@ def run_scheduled(args: argparse.Namespace) -> int:
     capacity = sum(n.node.gpus for n in nodes) * MILLI
     largest = max(n.node.gpus for n in nodes)
     shared = sum(n.shared for n in nodes)
-    handed = "/".join(sorted({n.policy.value for n in nodes if n.shared}))
+    handed = "/".join(sorted({n.policy.value for n in nodes if n.shared and not n.dra}))
+    dra = sum(n.dra for n in nodes)
+    published = f"; {dra} published through DRA, {sum(n.dra and n.shared for n in nodes)} of them as shared devices"
     print(f"{len(nodes)} nodes ({sum(1 for n in nodes if n.node.gpus)} with GPUs, {shared} of them time-sliced or "
-          f"MPS{f', replicas handed out {handed}' if handed else ''}), {capacity // MILLI} GPUs; pods drawn from "
+          f"MPS{f', replicas handed out {handed}' if handed else ''}"
+          f"{published if dra else ''}"
+          f"), {capacity // MILLI} GPUs; pods drawn from "
           f"{workload} up to {args.inflate:g} x the GPU capacity; gpu-tailor's extender at weight {weight}")
     for note in notes:
         print(f"  {note}")

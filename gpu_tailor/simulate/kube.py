@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, node_order, tie_order
-from gpu_tailor.gpumodel.fleet import MILLI, PICK_LEAST_FREE, PICK_MOST_FREE, Fleet, Shape
+from gpu_tailor.gpumodel.fleet import MILLI, PICK_FIRST, PICK_LEAST_FREE, PICK_MOST_FREE, Fleet, Shape
 from gpu_tailor.gpumodel.occupancy import ReplicaPolicy
 from gpu_tailor.gpumodel.policies import POLICIES, FgdPolicy, Mix, Policy, Prior, configure
 from gpu_tailor.simulate.trace import TraceNode, TracePod, _curve, build_fleet
@@ -51,6 +51,9 @@ class SimNode:
     node: TraceNode
     replicas: int = 0  # time-sliced or MPS replicas per GPU; 0: whole GPUs
     policy: ReplicaPolicy = ReplicaPolicy.DISTRIBUTED  # how its device plugin hands out replicas
+    # published by NVIDIA's DRA driver instead: its GPUs as devices taken whole, or, with ``replicas``, as shared
+    # devices (``allowMultipleAllocations``) of which a claim consumes memory in the same steps
+    dra: bool = False
 
     @property
     def name(self) -> str:
@@ -111,9 +114,12 @@ class KubeModel:
         self.unit_cap = np.array([n.node.gpus * max(n.replicas, 1) for n in nodes], np.int64)
         self.packed = np.array([n.policy is ReplicaPolicy.PACKED for n in nodes], bool)
         self.spread = np.array([n.policy is ReplicaPolicy.SPREAD for n in nodes], bool)
-        # the extender's fleet: on shared nodes the device plugin picks a replica's GPU (``Fleet.pick``)
-        fleet.pick[rows] = np.where(self.shared, np.where(self.packed, PICK_LEAST_FREE, PICK_MOST_FREE), 0)
-        fleet.step[rows] = np.where(self.shared, self.step, 0)
+        self.dra = np.array([n.dra for n in nodes], bool)
+        # the extender's fleet: on shared nodes the device plugin picks a replica's GPU, on DRA nodes the allocator
+        # picks every device (``Fleet.pick``)
+        fleet.pick[rows] = np.where(self.dra, PICK_FIRST, np.where(
+            self.shared, np.where(self.packed, PICK_LEAST_FREE, PICK_MOST_FREE), 0))
+        fleet.step[rows] = np.where(self.shared & ~self.dra, self.step, 0)
         self.rng = random.Random(seed)
         self.next_start = 0  # the default profile's round-robin start (percentageOfNodesToScore)
 
@@ -132,11 +138,15 @@ class KubeModel:
         return np.full(len(self.rows), s.gpus, np.int64)
 
     def fits(self, pod: SimPod) -> np.ndarray:
-        """NodeResourcesFit's filter: CPU, memory and the pod's device-plugin resource."""
+        """NodeResourcesFit's filter: CPU, memory and the pod's device-plugin resource; on DRA nodes
+        DynamicResources': the allocator finds devices for the claim (idle GPUs, or a shared one with the memory)."""
         s = pod.shape
         ok = (self.fleet.cpu[self.rows] >= s.cpu) & (self.fleet.mem[self.rows] >= s.mem)
         if s.gpus:
-            ok &= (self.shared if pod.fractional else ~self.shared) & (self.units_free() >= self.units(pod))
+            gpu = self.fleet.gpu[self.rows]
+            claim = (gpu >= s.milli).any(axis=1) if pod.fractional else (gpu == MILLI).sum(axis=1) >= s.gpus
+            room = np.where(self.dra, claim, self.units_free() >= self.units(pod))
+            ok &= (self.shared if pod.fractional else ~self.shared) & room
         out: np.ndarray = ok
         return out
 
@@ -151,11 +161,12 @@ class KubeModel:
         cpu_cap, mem_cap = np.maximum(self.cpu_cap, 1), np.maximum(self.mem_cap, 1)
         score = cpu * MAX_NODE_SCORE // cpu_cap + mem * MAX_NODE_SCORE // mem_cap
         weights = 2
-        if pod.shape.gpus:
+        if pod.shape.gpus:  # a DRA node has no GPU allocatable: NodeResourcesFit scores its CPU and memory alone
             used = self.unit_cap - self.units_free() + self.units(pod)
-            score = score + GPU_WEIGHT * (used * MAX_NODE_SCORE // np.maximum(self.unit_cap, 1))
-            weights += GPU_WEIGHT
-        out: np.ndarray = score // weights
+            gpu = GPU_WEIGHT * (used * MAX_NODE_SCORE // np.maximum(self.unit_cap, 1))
+            out: np.ndarray = np.where(self.dra, score // weights, (score + gpu) // (weights + GPU_WEIGHT))
+            return out
+        out = score // weights
         return out
 
     def default_profile(self, pod: SimPod) -> np.ndarray:
@@ -186,7 +197,7 @@ class KubeModel:
         at = self.rows[offered]
         s = pod.shape
         fits = self.fleet.feasible(s, at)
-        keep = fits | pod.fractional
+        keep = fits | (pod.fractional & ~self.dra[offered])  # replicas: counted; a shared device: its room
         if keep.sum() < 2:  # kube-scheduler runs no score plugin, and no extender's prioritize, for one node
             return at[keep], False
         engine.observe(s)
@@ -221,6 +232,10 @@ class KubeModel:
             fleet.take(at, pod.shape, gpus)
             return
         row = int(np.flatnonzero(self.rows == at)[0])
+        if self.dra[row]:  # the allocator: the first shared device with the memory
+            g = int(np.flatnonzero(fleet.gpu[at, : fleet.ngpu[at]] >= pod.shape.milli)[0])
+            fleet.take(at, pod.shape, (g,))
+            return
         step = int(self.step[row])
         fleet.take(at, Shape(pod.shape.cpu, pod.shape.mem), ())
         sign = 1 if self.packed[row] else -1

@@ -50,6 +50,7 @@ from gpu_tailor.gpumodel.dra import (
     claim_hold,
     read_slices,
 )
+from gpu_tailor.gpumodel.fleet import Shape
 from gpu_tailor.gpumodel.products import normalise
 from gpu_tailor.gpumodel.quantity import MIB, format_bytes
 
@@ -326,6 +327,24 @@ def _picks(ladders: dict[str, tuple[Rung, ...]], inv: DraInventory, usage: Usage
     return out
 
 
+def fleet_shape(ladders: Ladders, cpu_milli: int, memory_mib: int) -> tuple[Shape, bool] | None:
+    """A claim as a placement fleet's shape, where one holds it whatever node it lands on, and whether it is a share of
+    a shared device: one request whose every rung takes the same number of whole GPUs, or the same share of a shared
+    GPU (its memory in thousandths of the device's, rounded down as ``dra.gpu_column`` rounds what is left, so that
+    a device the claim fills exactly is seen to hold it); None for anything else (MIG rungs, several requests, rungs
+    of several kinds), which is ranked by ``claim_preference`` instead."""
+    if len(ladders) != 1:
+        return None
+    ladder = next(iter(ladders.values()))
+    kinds = {r.kind for r in ladder}
+    if kinds == {RungKind.GPU} and len({r.count for r in ladder}) == 1:
+        return Shape(cpu_milli, memory_mib, ladder[0].count, 1000), False
+    if kinds == {RungKind.SHARED} and len({r.consumed for r in ladder}) == 1:
+        consumed = ladder[0].consumed
+        return Shape(cpu_milli, memory_mib, 1, max(1, consumed.numerator * 1000 // consumed.denominator)), True
+    return None
+
+
 def claim_template(requests: dict[str, str], ladders: dict[str, tuple[Rung, ...]],
                    isolation: Isolation) -> dict[str, Any]:
     """The ResourceClaimTemplate (without namespace) for these requests; its name is a digest of its spec, so the
@@ -382,6 +401,7 @@ class DraState:
     holds: dict[str, ClaimHold] = field(default_factory=dict)  # claim uid -> ClaimHold
     classes: dict[str, str] = field(default_factory=dict)  # DeviceClass name -> its extendedResourceName ("")
     synced: set[str] = field(default_factory=set)  # "slices", "claims", "classes" once listed
+    version: int = 0  # counts changes to the slices and the claims' holds (what the inventory and usage read)
     _inventory: DraInventory | None = None
     _usage: Usage | None = None
 
@@ -409,6 +429,7 @@ class DraState:
         self.slices = {_name(s): s for s in items if _driver(s) == DRIVER}
         self.synced.add("slices")
         self._inventory = None
+        self.version += 1
 
     def apply_slice(self, event: str, obj: dict[str, Any]) -> None:
         name = _name(obj)
@@ -418,11 +439,13 @@ class DraState:
         else:
             self.slices[name] = obj
         self._inventory = None
+        self.version += 1
 
     def reset_claims(self, items: list[dict[str, Any]]) -> None:
         self.holds = {_uid(c): h for c in items if (h := claim_hold(c))}
         self.synced.add("claims")
         self._usage = None
+        self.version += 1
 
     def apply_claim(self, event: str, obj: dict[str, Any]) -> None:
         hold = claim_hold(obj) if event != "DELETED" else None
@@ -431,6 +454,7 @@ class DraState:
             self.holds[_uid(obj)] = hold
         if before != (hold or None):
             self._usage = None
+            self.version += 1
 
     def reset_classes(self, items: list[dict[str, Any]]) -> None:
         self.classes = dict(filter(None, map(_device_class, items)))

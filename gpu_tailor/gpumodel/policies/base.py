@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpu_tailor.gpumodel.fleet import Array, Fleet, PlacementCandidates, Shape, candidates
+from gpu_tailor.gpumodel.fleet import PICK_FIRST, Array, Fleet, PlacementCandidates, Shape, candidates
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +47,11 @@ class Policy:
         raise NotImplementedError
 
     def whole_gpus(self, node: int, shape: Shape) -> tuple[int, ...]:
-        """Which idle GPUs a whole-GPU pod takes on the chosen node."""
+        """Which idle GPUs a whole-GPU pod takes on the chosen node (where a DRA allocator picks, ``PICK_FIRST``: the
+        first idle ones in the pool's order)."""
         free = self.fleet.free_gpus(node)
         topo = self.fleet.topologies[node]
-        if topo is not None and shape.gpus > 1:
+        if topo is not None and shape.gpus > 1 and self.fleet.pick[node] != PICK_FIRST:
             best = topo.best_set(free, shape.gpus)
             if best is not None:
                 return best

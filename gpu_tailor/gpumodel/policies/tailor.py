@@ -10,7 +10,7 @@ from collections import Counter
 
 import numpy as np
 
-from gpu_tailor.gpumodel.fleet import MILLI, NO_TOPOLOGY, Array, Fleet, PlacementCandidates, Shape
+from gpu_tailor.gpumodel.fleet import MILLI, NO_TOPOLOGY, PICK_FIRST, Array, Fleet, PlacementCandidates, Shape
 from gpu_tailor.gpumodel.policies.fgd import FgdPolicy, Mix
 
 # A placement is charged for what it takes from the pods restricted to a GPU model once they are
@@ -265,7 +265,7 @@ class TailorPolicy(FgdPolicy):
     def whole_gpus(self, node: int, shape: Shape) -> tuple[int, ...]:
         topo = self.fleet.topologies[node]
         free = self.fleet.free_gpus(node)
-        if topo is not None and shape.gpus == 1 and len(free) > 1:
+        if topo is not None and shape.gpus == 1 and len(free) > 1 and self.fleet.pick[node] != PICK_FIRST:
             # take the idle GPU with the fewest idle NVLink neighbours: islands stay whole
             return (min(free, key=lambda g: (sum(topo.nvlinked(g, h) for h in free if h != g), g)),)
         return super().whole_gpus(node, shape)
