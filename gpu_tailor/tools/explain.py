@@ -172,6 +172,13 @@ def _nvlink(topology: Any, gpus: list[int], demand: Demand) -> str:
     return said + (f"; {labels.ANN_TOPOLOGY} asks for NVLink" if demand.nvlink else "")
 
 
+def _allocated(pick: claims.Pick) -> str:
+    """What the allocator gives one request: ``1 x NVIDIA H100 80GB HBM3 (80Gi) -> device gpu-0``, or
+    ``-> devices gpu-2, gpu-3`` for several."""
+    names = [d.name for d in pick.devices] or [pick.device.name]
+    return f"{pick.rung.describe()} -> device{'s' if len(names) > 1 else ''} {', '.join(names)}"
+
+
 def dra_allocations(stored: Obj, cache: Cache) -> dict[str, str] | None:
     """For a pod whose GPUs are a DRA claim (gpu-tailor's template, or a native ask a DeviceClass serves): per node
     where kube-scheduler's DynamicResources plugin can allocate it now, what the allocator would pick there; None for
@@ -187,8 +194,7 @@ def dra_allocations(stored: Obj, cache: Cache) -> dict[str, str] | None:
         for node in inv.nodes():
             picks = claims.node_picks(ladders, inv, usage, node)
             if picks is not None:
-                out[node] = "claim: " + ", ".join(f"{p.rung.describe()} -> device {p.device.name}"
-                                                  for p in picks.values() if p is not None)
+                out[node] = "claim: " + ", ".join(_allocated(p) for p in picks.values() if p is not None)
         return out
     demand = demand_of(stored)
     served = verbs.dra_served(snap, demand)

@@ -20,7 +20,7 @@ from tests.e2e.kube import ApiError, Obj, api_path, wait_for
 from tests.e2e.pods import Pods, gpu_pod, gpus_annotation, unique
 from tests.e2e.services import Stack
 from tests.e2e.test_explain import assert_stored_as_explained, explain
-from tests.gpumodel.dra_slices import device_classes, h100_mig, hgx, plain_node, shared_t4
+from tests.gpumodel.dra_slices import device_classes, h100_mig, hgx, plain_node, resource_slice, shared_t4
 
 pytestmark = pytest.mark.e2e
 
@@ -177,6 +177,51 @@ def test_portable_asks_land_on_dra_pools(dra: Stack, pods: Pods, tmp_path: Path)
     dry_run(dra, gpu_pod(unique("dra-dry"), {"gpu-tailor.io/gpu-memory": "33Gi"}))
     after = {t["metadata"]["name"] for t in dra.kube.list(api_path("resourceclaimtemplates", ns, group=GROUP))}
     assert after == before
+
+
+def predicted(said: Obj, node: str) -> list[str]:
+    """The devices explain says the allocator gives the claim on ``node`` (``... -> device gpu-0`` or
+    ``-> devices gpu-2, gpu-3``)."""
+    detail = {v["node"]: v["detail"] for v in said["nodes"]}[node]
+    return [d.strip() for d in detail.split(" -> ", 1)[1].removeprefix("devices ").removeprefix("device ").split(",")]
+
+
+def test_claims_land_on_the_devices_predicted_and_keep_a_node_whole(dra: Stack, pods: Pods, tmp_path: Path) -> None:
+    """Whole-GPU and shared-GPU claims, ranked by the placement policy on the device kube-scheduler's allocator is
+    predicted to take: for every claim the allocated devices are the predicted ones, and whole-GPU claims of 1, 1, 2
+    and 4 GPUs fill one HGX node while the other stays whole. The second HGX node's pool is two slices, created in the reverse of their
+    names' order: the allocator searches by slice name."""
+    kube, ns = dra.kube, dra.opted_in
+    second = "dra-h100-hgx-1"
+    whole = hgx(second)["spec"]["devices"]
+    parts = [resource_slice(second, whole[4:], count=2, part=1), resource_slice(second, whole[:4], count=2, part=0)]
+    install_node(kube, plain_node(second))
+    try:
+        for s in parts:
+            kube.create(api_path("resourceslices", group=GROUP), s)
+        wait_for(lambda: not [c for c in kube.list(api_path("resourceclaims", ns, group=GROUP))
+                              if c.get("status", {}).get("allocation")], 60, "the claims of earlier tests to go")
+        placed: dict[str, list[str]] = {}
+        shares = {"gpu-tailor.io/isolation": "time-slicing"}  # a share of a shared T4 and nothing else
+        asks = [({"gpu-tailor.io/gpu-milli": m}, None) for m in ("1000", "1000", "2000", "4000")] + \
+               [({"gpu-tailor.io/gpu-milli": "400"}, shares)] * 3
+        for limits, annotations in asks:
+            pod = gpu_pod(unique("dra-packed"), limits, annotations=annotations)
+            said = explain(dra, pod, tmp_path, ns)
+            got = bound(pods, ns, pod)
+            node = got["spec"]["nodeName"]
+            allocated = [device for _, device, _ in devices(claim_of(dra, got))]
+            assert allocated == predicted(said, node), (limits, node, said["nodes"])
+            placed.setdefault(node, []).extend(allocated)
+        # each claim on the node already in use, in the allocator's order there: one node full, the other whole
+        assert [d for n, d in placed.items() if n in (HGX, second)] == [[f"gpu-{i}" for i in range(8)]], placed
+        assert placed[SHARED] == ["gpu-0", "gpu-0", "gpu-1"]  # 6Gi twice on the first T4, the third on the next
+    finally:
+        pods.cleanup()  # the pods on the second node go before it does
+        for s in parts:
+            if kube.exists(api_path("resourceslices", name=s["metadata"]["name"], group=GROUP)):
+                kube.delete(api_path("resourceslices", name=s["metadata"]["name"], group=GROUP))
+        kube.delete(api_path("nodes", name=second))
 
 
 def test_device_plugin_pools_beside_dra_pools_behave_as_before(dra: Stack, pods: Pods) -> None:

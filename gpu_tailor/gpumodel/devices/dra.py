@@ -190,11 +190,13 @@ def rungs(container: ContainerAsk, isolation: Isolation, products: tuple[str, ..
 
 @dataclass(frozen=True, slots=True)
 class Pick:
-    """The device the allocator would give a container now: its rung (position in the list) and device."""
+    """The devices the allocator would give a container now: its rung (position in the list) and the devices, the
+    first one first."""
 
     rung: Rung
     position: int
     device: DraDevice
+    devices: tuple[DraDevice, ...] = ()
 
     @property
     def node_pool(self) -> str:
@@ -322,7 +324,7 @@ def _picks(ladders: dict[str, tuple[Rung, ...]], inv: DraInventory, usage: Usage
                         left.consumed[d.key] = left.consumed.get(d.key, 0) + rung.request_bytes
                     else:
                         left.taken.add(d.key)
-                out[key] = Pick(rung, position, taken[0])
+                out[key] = Pick(rung, position, taken[0], tuple(taken))
                 break
     return out
 
