@@ -1,15 +1,18 @@
 """The DRA half of a service's view: ResourceSlices, ResourceClaims and DeviceClasses listed and watched into a
 ``DraState``, where the API server serves ``resource.k8s.io/v1`` (Kubernetes 1.34 and later).
 
-Discovery decides once, at start: a 404 for the group version means DRA is off (the state says so and is ready
-with nothing in it); any other failure is retried with backoff, and the service stays unready until the API server
-answers. A cluster upgraded to 1.34 while a service runs is seen at the service's next start.
+Discovery at start: a 404 for the group version means DRA is off (the state says so and is ready with nothing in
+it); any other failure is retried with backoff, and the service stays unready until the API server answers. While
+DRA is off, discovery is asked again every ``RECHECK`` seconds: a cluster upgraded to 1.34 while a service runs is
+picked up without a restart, DRA turning on once the three lists are in (the service stays ready meanwhile). A
+driver installed later needs nothing of this: its ResourceSlices arrive through the watch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -23,6 +26,7 @@ log = logging.getLogger(__name__)
 
 GROUP_VERSION = "resource.k8s.io/v1"
 RETRY_CAP = 30.0
+RECHECK = 60.0  # seconds between discoveries while the API server serves no resource.k8s.io/v1
 
 
 def slim_slice(obj: Any) -> dict[str, Any]:
@@ -67,26 +71,43 @@ async def served(resource_api: Any) -> bool:
 
 
 async def dra_watches(api: Any, state: DraState, freshness: dict[str, Freshness],
-                      window: int = WATCH_WINDOW) -> None:
-    """Keep ``state`` from the API: off where ``resource.k8s.io/v1`` is not served, else its three watches."""
+                      window: int = WATCH_WINDOW, recheck: float = RECHECK) -> None:
+    """Keep ``state`` from the API: off while ``resource.k8s.io/v1`` is not served (asked again every ``recheck``
+    seconds), else its three watches."""
     from kubernetes_asyncio import client
 
     from gpu_tailor.kube.watch import list_and_watch
 
     resource = client.ResourceV1Api(api)
-    if not await served(resource):
+    fresh = {name: Freshness() for name in ("resourceslices", "resourceclaims", "deviceclasses")}
+    if await served(resource):
+        state.enabled = True  # unready until the three lists are in: nothing is decided without them
+        freshness.update(fresh)
+        log.info("DRA is on: watching ResourceSlices, ResourceClaims and DeviceClasses (%s)", GROUP_VERSION)
+    else:
         state.enabled = False
         log.info("DRA is off: the API server serves no %s (Kubernetes before 1.34); GPUs are read from "
-                 "device-plugin nodes only", GROUP_VERSION)
-        return
-    state.enabled = True
-    log.info("DRA is on: watching ResourceSlices, ResourceClaims and DeviceClasses (%s)", GROUP_VERSION)
-    fresh = {name: Freshness() for name in ("resourceslices", "resourceclaims", "deviceclasses")}
-    freshness.update(fresh)
+                 "device-plugin nodes only (asking again every %.0f s)", GROUP_VERSION, recheck)
+        while not await served(resource):
+            await asyncio.sleep(recheck)
+        log.info("DRA is on now: the API server serves %s; watching ResourceSlices, ResourceClaims and "
+                 "DeviceClasses, on once they are listed", GROUP_VERSION)
+
+    def listed(name: str, reset: Callable[[list[dict[str, Any]]], None]) -> Callable[[list[dict[str, Any]]], None]:
+        def then(items: list[dict[str, Any]]) -> None:
+            reset(items)
+            if name not in freshness:  # found late: readiness waits on a watch only once it has listed
+                fresh[name].heard()
+                freshness[name] = fresh[name]
+            if state.synced >= set(state.KINDS):
+                state.enabled = True  # found late: on with all three in, never half-listed
+        return then
+
     await asyncio.gather(
-        list_and_watch(resource.list_resource_slice, state.reset_slices, state.apply_slice, project=slim_slice,
-                       freshness=fresh["resourceslices"], timeout_seconds=window),
-        list_and_watch(resource.list_resource_claim_for_all_namespaces, state.reset_claims, state.apply_claim,
-                       project=slim_claim, freshness=fresh["resourceclaims"], timeout_seconds=window),
-        list_and_watch(resource.list_device_class, state.reset_classes, state.apply_class,
+        list_and_watch(resource.list_resource_slice, listed("resourceslices", state.reset_slices), state.apply_slice,
+                       project=slim_slice, freshness=fresh["resourceslices"], timeout_seconds=window),
+        list_and_watch(resource.list_resource_claim_for_all_namespaces, listed("resourceclaims", state.reset_claims),
+                       state.apply_claim, project=slim_claim, freshness=fresh["resourceclaims"],
+                       timeout_seconds=window),
+        list_and_watch(resource.list_device_class, listed("deviceclasses", state.reset_classes), state.apply_class,
                        freshness=fresh["deviceclasses"], timeout_seconds=window))

@@ -189,8 +189,8 @@ def predicted(said: Obj, node: str) -> list[str]:
 def test_claims_land_on_the_devices_predicted_and_keep_a_node_whole(dra: Stack, pods: Pods, tmp_path: Path) -> None:
     """Whole-GPU and shared-GPU claims, ranked by the placement policy on the device kube-scheduler's allocator is
     predicted to take: for every claim the allocated devices are the predicted ones, and whole-GPU claims of 1, 1, 2
-    and 4 GPUs fill one HGX node while the other stays whole. The second HGX node's pool is two slices, created in the reverse of their
-    names' order: the allocator searches by slice name."""
+    and 4 GPUs fill one HGX node while the other stays whole. The second HGX node's pool is two slices, created in
+    the reverse of their names' order: the allocator searches by slice name."""
     kube, ns = dra.kube, dra.opted_in
     second = "dra-h100-hgx-1"
     whole = hgx(second)["spec"]["devices"]

@@ -1,0 +1,120 @@
+"""DRA discovered live (``kube.dra.dra_watches``), against a stand-in API server on the wire kubernetes-asyncio
+speaks: while ``resource.k8s.io/v1`` is not served DRA is off and the service ready; once the cluster serves it
+(upgraded to 1.34 or later), the three lists are taken and DRA turns on with all of them in, without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from kubernetes_asyncio import client
+
+from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.kube.dra import dra_watches
+from gpu_tailor.kube.freshness import Freshness
+from tests.gpumodel.dra_slices import device_classes, hgx
+
+BASE = "/apis/resource.k8s.io/v1"
+KINDS = {"resourceslices": "ResourceSliceList", "resourceclaims": "ResourceClaimList",
+         "deviceclasses": "DeviceClassList"}
+
+
+class Served:
+    """Whether the group is served, what each list answers, and what the client asked."""
+
+    def __init__(self) -> None:
+        self.group = False
+        self.items: dict[str, list[dict[str, Any]]] = {"resourceslices": [hgx()], "resourceclaims": [],
+                                                       "deviceclasses": device_classes()}
+        self.asked: list[str] = []
+        self.hold_claims = asyncio.Event()  # set: the claims list may answer
+        self.hold_claims.set()
+
+    async def discovery(self, request: web.Request) -> web.Response:
+        self.asked.append("discovery")
+        if not self.group:
+            return web.json_response({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404},
+                                     status=404)
+        return web.json_response({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "resource.k8s.io/v1",
+                                  "resources": [{"name": k, "singularName": "", "namespaced": k == "resourceclaims",
+                                                 "kind": v[:-4], "verbs": ["list", "watch"]}
+                                                for k, v in KINDS.items()]})
+
+    async def listing(self, request: web.Request) -> web.StreamResponse:
+        kind = request.match_info["kind"]
+        watch = request.query.get("watch") == "true"
+        self.asked.append(f"{kind} {'watch' if watch else 'list'}")
+        if watch:
+            await asyncio.Event().wait()  # an idle watch, until the client goes
+        if kind == "resourceclaims":
+            await self.hold_claims.wait()
+        return web.json_response({"kind": KINDS[kind], "apiVersion": "resource.k8s.io/v1",
+                                  "metadata": {"resourceVersion": "3"}, "items": self.items[kind]})
+
+
+@asynccontextmanager
+async def api_server(served: Served) -> AsyncIterator[client.ApiClient]:
+    app = web.Application()
+    app.router.add_get(BASE + "/", served.discovery)
+    app.router.add_get(BASE, served.discovery)
+    app.router.add_get(BASE + "/{kind}", served.listing)
+    server = TestServer(app)
+    await server.start_server()
+    api = client.ApiClient(client.Configuration(host=str(server.make_url("")).rstrip("/")))
+    try:
+        yield api
+    finally:
+        await api.close()
+        await server.close()
+
+
+async def until(predicate: Any) -> None:
+    while not predicate():
+        await asyncio.sleep(0.01)
+
+
+async def test_a_cluster_upgraded_to_dra_is_picked_up_without_a_restart() -> None:
+    served = Served()
+    state = DraState(enabled=True)  # as the services start: on until discovery says otherwise
+    freshness: dict[str, Freshness] = {}
+    async with api_server(served) as api:
+        task = asyncio.create_task(dra_watches(api, state, freshness, recheck=0.01))
+        try:
+            await asyncio.wait_for(until(lambda: served.asked.count("discovery") >= 2), 10)
+            assert not state.enabled and state.ready and not freshness  # off, and ready: nothing to wait for
+            served.hold_claims.clear()
+            served.group = True  # the control plane upgraded to 1.34+
+            await asyncio.wait_for(until(lambda: "resourceslices" in freshness and "deviceclasses" in freshness), 10)
+            assert not state.enabled and state.ready  # two of three listed: still off, still ready
+            assert "resourceclaims" not in freshness
+            served.hold_claims.set()
+            await asyncio.wait_for(until(lambda: state.enabled), 10)
+            assert state.ready and set(freshness) == set(KINDS) and all(f.fresh() for f in freshness.values())
+            assert list(state.inventory().pools) == ["dra-h100-hgx-0"] and "gpu.nvidia.com" in state.classes
+            assert not task.done()  # watching
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_cluster_that_serves_dra_at_start_is_unready_until_it_is_listed() -> None:
+    served = Served()
+    served.group = True
+    served.hold_claims.clear()
+    state = DraState(enabled=True)
+    freshness: dict[str, Freshness] = {}
+    async with api_server(served) as api:
+        task = asyncio.create_task(dra_watches(api, state, freshness, recheck=0.01))
+        try:
+            await asyncio.wait_for(until(lambda: "resourceclaims list" in served.asked), 10)
+            assert state.enabled and not state.ready and set(freshness) == set(KINDS)
+            served.hold_claims.set()
+            await asyncio.wait_for(until(lambda: state.ready), 10)
+            assert served.asked.count("discovery") == 1
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
