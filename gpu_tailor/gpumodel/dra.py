@@ -11,6 +11,12 @@ What the driver publishes (kubernetes-sigs/dra-driver-nvidia-gpu, ``cmd/gpu-kube
 - a MIG device: ``gpu-<parentMinor>-mig-<profile>-<giProfileID>-<placementStart>``, attributes ``type`` = "mig",
   ``parentUUID``, ``profile`` (such as "1g.12gb"), ``uuid`` where it is created already; capacities ``memory``,
   ``multiprocessors`` and engine counts. With static MIG (the default) a GPU in MIG mode is not published whole.
+- with the driver's DynamicMIG, partitionable devices (KEP-4815): per GPU a counter set ``gpu-<minor>-counter-set``
+  (a counter per capacity, and ``memory-slice-<i>`` = 1 per memory slice) in the pool's ``sharedCounters``, and
+  the whole GPU plus every MIG profile at every placement, each consuming its counters from the set
+  (``consumesCounters``: the whole GPU all of them, a MIG device its memory slices). A device can be allocated while
+  no claim holds it and what the claims hold leaves its counters (``Usage.free``); carving a partition is what
+  allocating its device does.
 
 A pool is the driver's name for the devices of one node here, and may span several slices: only the slices of
 its highest ``generation`` count, and until ``resourceSliceCount`` of them are seen the pool is incomplete (the
@@ -53,6 +59,7 @@ class DraDevice:
     uuid: str = ""
     parent_uuid: str = ""  # MIG devices: the GPU they are cut from
     shared: bool = False  # ``allowMultipleAllocations``: several claims share it, each taking some ``memory``
+    consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # (counter set, ((counter, amount), ...))
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -80,6 +87,7 @@ class DraPool:
     slice_count: int
     devices: dict[str, DraDevice] = field(default_factory=dict)
     slices_seen: int = 0
+    counter_sets: dict[str, dict[str, int]] = field(default_factory=dict)  # KEP-4815 ``sharedCounters``, by name
 
     @property
     def complete(self) -> bool:
@@ -119,9 +127,9 @@ def read_device(pool: str, raw: Any) -> DraDevice | str:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         return f"pool {pool}: a device without a name"
     name = raw["name"]
-    if raw.get("consumesCounters"):
-        return (f"pool {pool}, device {name}: a partitionable device (consumesCounters: the driver's DynamicMIG) "
-                "is not modelled; left out")
+    consumes = _consumption(raw.get("consumesCounters"))
+    if isinstance(consumes, str):
+        return f"pool {pool}, device {name}: consumesCounters: {consumes}"
     attributes = raw.get("attributes") or {}
     capacity = raw.get("capacity") or {}
     if not isinstance(attributes, dict) or not isinstance(capacity, dict):
@@ -141,7 +149,39 @@ def read_device(pool: str, raw: Any) -> DraDevice | str:
         return value if isinstance(value, str) else ""
 
     return DraDevice(pool, name, DeviceType(kind), memory, text("productName"), text("profile"), text("uuid"),
-                     text("parentUUID"), raw.get("allowMultipleAllocations") is True)
+                     text("parentUUID"), raw.get("allowMultipleAllocations") is True, consumes)
+
+
+def _counters(raw: Any) -> dict[str, int] | str:
+    """``{name: {value: quantity}}`` as amounts (bytes for memory, plain numbers else), or what is wrong."""
+    if not isinstance(raw, dict) or not raw:
+        return "expected counters as {name: {value: quantity}}"
+    out = {}
+    for name, counter in raw.items():
+        value = counter.get("value") if isinstance(counter, dict) else None
+        try:
+            out[str(name)] = parse_bytes(value) if isinstance(value, str | int) else -1
+        except QuantityError:
+            out[str(name)] = -1
+        if out[str(name)] < 0:
+            return f"counter {name}: not a quantity"
+    return out
+
+
+def _consumption(raw: Any) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...] | str:
+    """A device's ``consumesCounters``, or what is wrong with it."""
+    if not raw:
+        return ()
+    if not isinstance(raw, list):
+        return "expected a list"
+    out = []
+    for entry in raw:
+        name = entry.get("counterSet") if isinstance(entry, dict) else None
+        counters = _counters(entry.get("counters")) if isinstance(entry, dict) else "expected an object"
+        if not isinstance(name, str) or not name or isinstance(counters, str):
+            return f"counter set {name!r}: {counters if isinstance(counters, str) else 'no name'}"
+        out.append((name, tuple(sorted(counters.items()))))
+    return tuple(out)
 
 
 def read_slices(slices: Iterable[dict[str, Any]]) -> DraInventory:
@@ -177,6 +217,14 @@ def read_slices(slices: Iterable[dict[str, Any]]) -> DraInventory:
             inv.problems.append(f"slice {slice_name}: pool {name} is on node {pool.node}, this slice says {node}")
             continue
         pool.slices_seen += 1
+        for counter_set in spec.get("sharedCounters") or []:
+            set_name = counter_set.get("name") if isinstance(counter_set, dict) else None
+            counters = _counters(counter_set.get("counters")) if isinstance(counter_set, dict) else "not an object"
+            if not isinstance(set_name, str) or isinstance(counters, str) or set_name in pool.counter_sets:
+                why = counters if isinstance(counters, str) else "no name, or defined twice"
+                inv.problems.append(f"slice {slice_name}: counter set {set_name!r} of pool {name}: {why}; left out")
+            else:
+                pool.counter_sets[set_name] = counters
         for raw in spec.get("devices") or []:
             device = read_device(name, raw)
             if isinstance(device, str):
@@ -186,6 +234,12 @@ def read_slices(slices: Iterable[dict[str, Any]]) -> DraInventory:
             else:
                 pool.devices[device.name] = device
     for pool in inv.pools.values():
+        for device in list(pool.devices.values()):  # a device whose counter set the pool lacks is never allocated
+            missing = [c for c, _ in device.consumes if c not in pool.counter_sets]
+            if missing:
+                del pool.devices[device.name]
+                inv.problems.append(f"pool {pool.name}: device {device.name} consumes counter set "
+                                    f"{', '.join(missing)}, which the pool does not define; left out")
         if not pool.complete:
             inv.problems.append(f"pool {pool.name} on {pool.node}: {pool.slices_seen} of {pool.slice_count} slices "
                                 "seen (the driver is still publishing it)")
@@ -236,29 +290,77 @@ def claim_hold(claim: Any) -> ClaimHold:
 
 @dataclass
 class Usage:
-    """What allocated claims hold, summed: devices taken whole, memory consumed of shared ones."""
+    """What allocated claims hold, summed: devices taken whole, memory consumed of shared ones, and, where the usage
+    is counted against an inventory (``of(holds, inv)``), what the taken devices leave of their pools' counter sets
+    (partitionable devices, KEP-4815)."""
 
     taken: set[Key] = field(default_factory=set)
     consumed: dict[Key, int] = field(default_factory=dict)
+    left: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (pool, counter set, counter) -> amount
 
     @classmethod
-    def of(cls, holds: Iterable[ClaimHold]) -> Usage:
+    def of(cls, holds: Iterable[ClaimHold], inv: DraInventory | None = None) -> Usage:
         usage = cls()
         for hold in holds:
             usage.taken.update(hold.devices)
             for key, memory in hold.consumed:
                 usage.consumed[key] = usage.consumed.get(key, 0) + memory
+        if inv is not None:
+            for pool in inv.pools.values():
+                for set_name, counters in pool.counter_sets.items():
+                    for counter, amount in counters.items():
+                        usage.left[(pool.name, set_name, counter)] = amount
+            for _, pool_name, device_name in usage.taken:
+                holder = inv.pools.get(pool_name)
+                device = holder.devices.get(device_name) if holder is not None else None
+                if device is not None:
+                    usage._consume(device)
         return usage
 
+    def copy(self) -> Usage:
+        return Usage(set(self.taken), dict(self.consumed), dict(self.left))
+
+    def _consume(self, device: DraDevice) -> None:
+        for set_name, counters in device.consumes:
+            for counter, amount in counters:
+                key = (device.pool, set_name, counter)
+                self.left[key] = self.left.get(key, 0) - amount
+
+    def take(self, device: DraDevice) -> None:
+        """Count ``device`` taken whole by one more claim (what an allocation of it would do)."""
+        self.taken.add(device.key)
+        self._consume(device)
+
+    def counters_allow(self, device: DraDevice) -> bool:
+        """Whether what is left of the counter sets ``device`` consumes from holds it (True for a device that
+        consumes none)."""
+        return all(self.left.get((device.pool, set_name, counter), 0) >= amount
+                   for set_name, counters in device.consumes for counter, amount in counters)
+
     def memory_left(self, device: DraDevice) -> int:
-        """Memory of ``device`` no claim holds: all of it, none (taken whole), or what shared claims left."""
-        if device.key in self.taken:
+        """Memory of ``device`` no claim holds: all of it, none (taken whole, or its counters used up by partitions
+        carved beside it), or what shared claims left."""
+        if device.key in self.taken or not self.counters_allow(device):
             return 0
         return device.memory_bytes - self.consumed.get(device.key, 0)
 
     def free(self, device: DraDevice) -> bool:
         """Whether a claim could take ``device`` whole now."""
-        return device.key not in self.taken and device.key not in self.consumed
+        return device.key not in self.taken and device.key not in self.consumed and self.counters_allow(device)
+
+
+def carvable(pool: DraPool, usage: Usage) -> int:
+    """What is still carvable of a pool's partitionable GPUs: for each counter set (a GPU), the most memory slices
+    one free device consuming from it would take, summed. A 1g partition carved where this drops least leaves the
+    larger profiles possible; 0 for a pool without counter sets."""
+    best: dict[str, int] = {}
+    for device in pool.devices.values():
+        if not device.consumes or not usage.free(device):
+            continue
+        for set_name, counters in device.consumes:
+            slices = sum(1 for counter, _ in counters if counter.startswith("memory-slice-"))
+            best[set_name] = max(best.get(set_name, 0), slices)
+    return sum(best.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,9 +387,10 @@ def gpu_column(pools: Iterable[DraPool], usage: Usage) -> GpuColumn | None:
     return GpuColumn(free, kinds.pop(), devices[0].product)
 
 
-def allocated(claims: Iterable[dict[str, Any]]) -> Usage:
-    """What allocated ResourceClaims hold of the driver's devices."""
-    return Usage.of(claim_hold(c) for c in claims)
+def allocated(claims: Iterable[dict[str, Any]], inv: DraInventory | None = None) -> Usage:
+    """What allocated ResourceClaims hold of the driver's devices (counted against ``inv``'s counter sets, where
+    given)."""
+    return Usage.of((claim_hold(c) for c in claims), inv)
 
 
 def smallest_holding(pools: Iterable[DraPool], memory_bytes: int, usage: Usage | None = None) -> DraDevice | None:

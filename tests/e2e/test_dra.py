@@ -20,7 +20,15 @@ from tests.e2e.kube import ApiError, Obj, api_path, wait_for
 from tests.e2e.pods import Pods, gpu_pod, gpus_annotation, unique
 from tests.e2e.services import Stack
 from tests.e2e.test_explain import assert_stored_as_explained, explain
-from tests.gpumodel.dra_slices import device_classes, h100_mig, hgx, plain_node, resource_slice, shared_t4
+from tests.gpumodel.dra_slices import (
+    device_classes,
+    dynamic_h100,
+    h100_mig,
+    hgx,
+    plain_node,
+    resource_slice,
+    shared_t4,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -222,6 +230,53 @@ def test_claims_land_on_the_devices_predicted_and_keep_a_node_whole(dra: Stack, 
             if kube.exists(api_path("resourceslices", name=s["metadata"]["name"], group=GROUP)):
                 kube.delete(api_path("resourceslices", name=s["metadata"]["name"], group=GROUP))
         kube.delete(api_path("nodes", name=second))
+
+
+def test_dynamic_mig_partitions_are_carved_where_a_whole_gpu_stays_possible(dra: Stack, pods: Pods,
+                                                                          tmp_path: Path) -> None:
+    """Two single-H100 nodes under the driver's DynamicMIG (partitionable devices, KEP-4815: beta and on in 1.36), the
+    other DRA nodes cordoned: two 1g.10gb partitions, then a 40 GiB one, are carved on one GPU, each on the device the
+    allocator was predicted to take, so that an 80 GiB partition (7g.80gb) still fits on the other. Spread one per
+    node, as kube-scheduler alone would by CPU, the two 1g partitions would leave no GPU whole."""
+    kube, ns = dra.kube, dra.opted_in
+    nodes = ["dra-h100-dyn-a", "dra-h100-dyn-b"]
+    slices = [s for n in nodes for s in dynamic_h100(n)]
+    for n in nodes:
+        install_node(kube, plain_node(n))
+    for n in (HGX, MIG, SHARED):
+        kube.patch(api_path("nodes", name=n), {"spec": {"unschedulable": True}})
+    try:
+        for s in slices:
+            kube.create(api_path("resourceslices", group=GROUP), s)
+        mig_only = {"gpu-tailor.io/isolation": "mig"}
+
+        def routed_to_dynamic() -> bool:  # the webhook has seen the slices and the cordons
+            probe = dry_run(dra, gpu_pod(unique("probe"), {"gpu-tailor.io/gpu-memory": "10Gi"}, annotations=mig_only))
+            return bool(probe["spec"].get("resourceClaims"))
+
+        wait_for(routed_to_dynamic, 30, "the webhook to offer the partitionable GPUs")
+        placed: list[tuple[str, str]] = []
+        for memory in ("10Gi", "10Gi", "40Gi", "80Gi"):
+            pod = gpu_pod(unique("dra-dyn"), {"gpu-tailor.io/gpu-memory": memory}, annotations=mig_only)
+            said = explain(dra, pod, tmp_path, ns)
+            got = bound(pods, ns, pod)
+            node = got["spec"]["nodeName"]
+            ((_, device, _),) = devices(claim_of(dra, got))
+            assert [device] == predicted(said, node), (memory, node, said["nodes"])
+            placed.append((node, device))
+        first = placed[0][0]
+        assert [n for n, _ in placed[:3]] == [first] * 3, placed  # carved on one GPU ...
+        assert [d for _, d in placed[:3]] == ["gpu-0-mig-1g10gb-19-0", "gpu-0-mig-1g10gb-19-1", "gpu-0-mig-3g40gb-9-4"]
+        assert placed[3] == (next(n for n in nodes if n != first), "gpu-0-mig-7g80gb-0-0")  # ... the other whole
+    finally:
+        pods.cleanup()
+        for n in (HGX, MIG, SHARED):
+            kube.patch(api_path("nodes", name=n), {"spec": {"unschedulable": None}})
+        for s in slices:
+            if kube.exists(api_path("resourceslices", name=s["metadata"]["name"], group=GROUP)):
+                kube.delete(api_path("resourceslices", name=s["metadata"]["name"], group=GROUP))
+        for n in nodes:
+            kube.delete(api_path("nodes", name=n))
 
 
 def test_device_plugin_pools_beside_dra_pools_behave_as_before(dra: Stack, pods: Pods) -> None:

@@ -99,3 +99,40 @@ def plain_node(name: str) -> dict[str, Any]:
                        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                                        "message": "ready", "lastHeartbeatTime": "2026-11-25T00:00:00Z",
                                        "lastTransitionTime": "2026-11-25T00:00:00Z"}]}}
+
+
+# H100 80GB MIG placements (NVIDIA's MIG user guide): profile -> (GI profile ID, memory GiB, memory slices, starts)
+H100_PLACEMENTS = {"1g.10gb": (19, 10, 1, range(7)), "2g.20gb": (14, 20, 2, (0, 2, 4)),
+                   "3g.40gb": (9, 40, 4, (0, 4)), "4g.40gb": (5, 40, 4, (0,)), "7g.80gb": (0, 80, 8, (0,))}
+
+
+def dynamic_h100(node: str = "dra-h100-dyn-0", gpus: int = 1, split: bool = True) -> list[dict[str, Any]]:
+    """H100s under the driver's DynamicMIG (KEP-4815): per GPU a counter set ``gpu-<minor>-counter-set`` (memory,
+    multiprocessors and one ``memory-slice-<i>`` per memory slice), the whole GPU consuming all of it, and every MIG
+    profile at every placement consuming its memory and slices. ``split``: the counters in a slice of their own and
+    the devices in another (1.35 and later), else one slice."""
+    sets, devices = [], []
+    for g in range(gpus):
+        name = f"gpu-{g}-counter-set"
+        slices = {f"memory-slice-{i}": {"value": "1"} for i in range(8)}
+        sets.append({"name": name, "counters": {"memory": {"value": "80Gi"}, "multiprocessors": {"value": "132"},
+                                                **slices}})
+        whole = gpu(g, H100, 80, f"GPU-h100d-{g}")
+        whole["consumesCounters"] = [{"counterSet": name, "counters": {
+            "memory": {"value": "80Gi"}, "multiprocessors": {"value": "132"}, **slices}}]
+        devices.append(whole)
+        for profile, (gi, memory, size, starts) in H100_PLACEMENTS.items():
+            for start in starts:
+                device = mig(g, profile, gi, start, memory, f"GPU-h100d-{g}", H100)
+                device["consumesCounters"] = [{"counterSet": name, "counters": {
+                    "memory": {"value": f"{memory}Gi"},
+                    **{f"memory-slice-{start + i}": {"value": "1"} for i in range(size)}}}]
+                devices.append(device)
+    if not split:
+        one = resource_slice(node, devices)
+        one["spec"]["sharedCounters"] = sets
+        return [one]
+    counters = resource_slice(node, [], count=2, part=0)
+    del counters["spec"]["devices"]
+    counters["spec"]["sharedCounters"] = sets
+    return [counters, resource_slice(node, devices, count=2, part=1)]

@@ -77,7 +77,7 @@ def test_allocated_claims_name_the_devices_they_hold() -> None:
     assert usage.consumed == {("gpu.nvidia.com", "dra-t4-0", "gpu-0"): 8 * GIB}
 
 
-def test_admin_access_holds_nothing_and_partitionable_devices_are_left_out() -> None:
+def test_admin_access_holds_nothing_and_a_device_of_a_counter_set_the_pool_lacks_is_left_out() -> None:
     monitor = {"status": {"allocation": {"devices": {"results": [
         {"request": "dcgm", "driver": "gpu.nvidia.com", "pool": "p", "device": "gpu-0", "adminAccess": True}]}}}}
     assert allocated([monitor]).taken == set()
@@ -85,4 +85,4 @@ def test_admin_access_holds_nothing_and_partitionable_devices_are_left_out() -> 
     dynamic["consumesCounters"] = [{"counterSet": "gpu-1-counter-set", "counters": {"memory": {"value": "80Gi"}}}]
     inv = read_slices([resource_slice("n", [gpu(0, H100, 80, "a"), dynamic])])
     assert list(inv.pools["n"].devices) == ["gpu-0"]
-    assert "a partitionable device (consumesCounters" in inv.problems[0]
+    assert "consumes counter set gpu-1-counter-set, which the pool does not define" in inv.problems[0]

@@ -47,6 +47,7 @@ from gpu_tailor.gpumodel.dra import (
     DraDevice,
     DraInventory,
     Usage,
+    carvable,
     claim_hold,
     read_slices,
 )
@@ -288,7 +289,7 @@ def choose(ask: PodAsk, isolation: Isolation, inv: DraInventory, usage: Usage,
     if isinstance(planned, DraRefusal):
         return planned
     requests, ladders = planned
-    best: tuple[tuple[int, Fraction, int], str, dict[str, Pick | None]] | None = None
+    best: tuple[tuple[int, Fraction, int, int], str, dict[str, Pick | None]] | None = None
     for node in sorted(inv.nodes()):
         picks = node_picks(ladders, inv, usage, node)
         if picks is not None:
@@ -306,7 +307,7 @@ def _picks(ladders: dict[str, tuple[Rung, ...]], inv: DraInventory, usage: Usage
     """For each container, the earliest rung with a device free now in some pool, and the device the allocator
     would take there (the first free one the pool publishes), in the pool with the fewest such devices free (the
     fullest: what the extender prefers). Containers are served in turn from what the earlier ones left."""
-    left = Usage(set(usage.taken), dict(usage.consumed))
+    left = usage.copy()
     out: dict[str, Pick | None] = {}
     for key, ladder in ladders.items():
         out[key] = None
@@ -318,12 +319,18 @@ def _picks(ladders: dict[str, tuple[Rung, ...]], inv: DraInventory, usage: Usage
                 if len(free) >= rung.count and (best is None or (len(free), pool.name) < best[:2]):
                     best = (len(free), pool.name, free)
             if best is not None:
-                taken = best[2][:rung.count]
-                for d in taken:
+                taken: list[DraDevice] = []
+                for d in best[2]:  # one by one, as the allocator does: partitions of one GPU share its counters
+                    if len(taken) == rung.count:
+                        break
                     if rung.kind is RungKind.SHARED:
                         left.consumed[d.key] = left.consumed.get(d.key, 0) + rung.request_bytes
-                    else:
-                        left.taken.add(d.key)
+                        taken.append(d)
+                    elif left.free(d):
+                        left.take(d)
+                        taken.append(d)
+                if len(taken) < rung.count:
+                    continue
                 out[key] = Pick(rung, position, taken[0], tuple(taken))
                 break
     return out
@@ -420,7 +427,7 @@ class DraState:
 
     def usage(self) -> Usage:
         if self._usage is None:
-            self._usage = Usage.of(self.holds.values())
+            self._usage = Usage.of(self.holds.values(), self.inventory())  # counted against the pools' counters
         return self._usage
 
     def extended(self) -> dict[str, str]:
@@ -430,7 +437,7 @@ class DraState:
     def reset_slices(self, items: list[dict[str, Any]]) -> None:
         self.slices = {_name(s): s for s in items if _driver(s) == DRIVER}
         self.synced.add("slices")
-        self._inventory = None
+        self._inventory = self._usage = None
         self.version += 1
 
     def apply_slice(self, event: str, obj: dict[str, Any]) -> None:
@@ -440,7 +447,7 @@ class DraState:
                 return
         else:
             self.slices[name] = obj
-        self._inventory = None
+        self._inventory = self._usage = None
         self.version += 1
 
     def reset_claims(self, items: list[dict[str, Any]]) -> None:
@@ -508,21 +515,32 @@ def node_picks(ladders: dict[str, tuple[Rung, ...]], inv: DraInventory, usage: U
 
 
 def claim_preference(ladders: dict[str, tuple[Rung, ...]], inv: DraInventory, usage: Usage,
-                     node: str) -> tuple[int, Fraction, int] | None:
+                     node: str) -> tuple[int, Fraction, int, int] | None:
     """How much a claim pod of these ladders should like ``node`` (lower is better), as choosing orders offerings:
-    the earliest rungs the allocator would take there (the smallest devices), then the share of a GPU taken, then
-    the devices the node's pools keep free after it (fewer first: fill a node before opening another, so whole
-    GPUs and whole nodes stay whole). None where the claim cannot be allocated there now."""
+    the earliest rungs the allocator would take there (the smallest devices), then the share of a GPU taken, then, on
+    partitionable GPUs (DynamicMIG), how much the carve takes of the larger partitions still possible there (a 1g
+    partition where a 3g or 4g can still be carved after it beats one where none can), then the devices the node's
+    pools keep free after it (fewer first: fill a node before opening another, so whole GPUs and whole nodes stay
+    whole). None where the claim cannot be allocated there now."""
     picks = node_picks(ladders, inv, usage, node)
     return _preference(picks, on_node(inv, node), usage) if picks is not None else None
 
 
-def _preference(picks: dict[str, Pick | None], pools: DraInventory, usage: Usage) -> tuple[int, Fraction, int]:
-    """``claim_preference`` of picks that all found a device on the node of ``pools``."""
+def _preference(picks: dict[str, Pick | None], pools: DraInventory, usage: Usage) -> tuple[int, Fraction, int, int]:
+    """``claim_preference`` of picks that all found a device on the node of ``pools``: the rungs' positions, the share
+    of a GPU taken, what the carve takes of the larger partitions still possible (``carvable``; 0 where no device is
+    partitionable), and the devices left free."""
     chosen = [p for p in picks.values() if p is not None]
-    taken = {p.device.key for p in chosen}
-    free = sum(1 for p in pools.pools.values() for d in p.devices.values() if usage.free(d) and d.key not in taken)
-    return (sum(p.position for p in chosen), sum((p.rung.consumed for p in chosen), Fraction(0)), free)
+    after = usage.copy()
+    for pick in chosen:
+        for d in pick.devices or (pick.device,):
+            if pick.rung.kind is RungKind.SHARED:
+                after.consumed[d.key] = after.consumed.get(d.key, 0) + pick.rung.request_bytes
+            else:
+                after.take(d)
+    loss = sum(carvable(p, usage) - carvable(p, after) for p in pools.pools.values())
+    free = sum(1 for p in pools.pools.values() for d in p.devices.values() if after.free(d))
+    return (sum(p.position for p in chosen), sum((p.rung.consumed for p in chosen), Fraction(0)), loss, free)
 
 
 def native_preference(inv: DraInventory, usage: Usage, node: str, units: int) -> int | None:
