@@ -152,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     si.add_argument("--replica-policy", choices=("distributed", "packed", "spread"),
                     help="with --scheduler: how the device plugin hands out replicas (its "
                          "--shared-devices-allocation-policy; default: distributed, or a dump's node labels)")
+    si.add_argument("--mig", action="store_true",
+                    help="MIG pools on DRA instead: H100 nodes carved on demand (NVIDIA's DynamicMIG) or cut in "
+                         "advance (all-1g.10gb, all-balanced), placed by gpu-tailor and by kube-scheduler alone, with "
+                         "the single-GPU pods of the trace or generated workload asking for their share of a GPU")
+    si.add_argument("--mig-nodes", type=int, default=16, metavar="N", help="with --mig: nodes of 8 H100s (16)")
     si.add_argument("--extender-weight", type=int, metavar="N",
                     help="with --scheduler gpu-tailor: the extender's weight (default: 11, as manifests/scheduler "
                          "ships it)")

@@ -168,21 +168,29 @@ def profile_for(product: str, name: str) -> MigProfile | None:
 
 def fits_together(sku: MigSku, profiles: list[MigProfile]) -> bool:
     """Whether these instances can coexist on one GPU of ``sku`` (some non-overlapping placement)."""
+    return placed_together(sku, profiles) is not None
+
+
+def placed_together(sku: MigSku, profiles: list[MigProfile]) -> list[tuple[MigProfile, int]] | None:
+    """A placement of these instances on one GPU of ``sku``, as (profile, start) by start, the largest placed first
+    at its lowest start that lets the rest fit; None when they cannot coexist."""
     if sum(p.compute_slices for p in profiles) > sku.compute_slices:
-        return False
+        return None
     ordered = sorted(profiles, key=lambda p: -p.span)
 
-    def place(i: int, used: frozenset[int]) -> bool:
+    def place(i: int, used: frozenset[int]) -> list[tuple[MigProfile, int]] | None:
         if i == len(ordered):
-            return True
+            return []
         p = ordered[i]
         for start in p.placements:
             slots = frozenset(range(start, start + p.span))
-            if not slots & used and place(i + 1, used | slots):
-                return True
-        return False
+            rest = place(i + 1, used | slots) if not slots & used else None
+            if rest is not None:
+                return [(p, start), *rest]
+        return None
 
-    return place(0, frozenset())
+    found = place(0, frozenset())
+    return sorted(found, key=lambda ps: ps[1]) if found is not None else None
 
 
 def uniform_layout(sku: MigSku, instances: dict[str, int], gpus: int) -> dict[str, int] | None:

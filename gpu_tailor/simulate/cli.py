@@ -186,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
     if args.inventory:
         print(inventory_table(bundled_nodes()))
         return 0
+    if args.mig:
+        return run_mig(args)
     if args.scheduler or args.cluster_file:
         return run_scheduled(args)
     try:
@@ -282,6 +284,58 @@ def time_sliced(nodes: list[TraceNode], share: float, replicas: int, seed: int) 
         rng.shuffle(picked)
         shared.update(picked[: round(len(picked) * share)])
     return [SimNode(n, replicas if i in shared else 0) for i, n in enumerate(nodes)]
+
+
+def run_mig(args: argparse.Namespace) -> int:
+    """``simulate --mig``: every layout of ``simulate.mig`` under both schedulers, for each workload and seed."""
+    from gpu_tailor.simulate import mig
+
+    try:
+        seeds = parse_seeds(args.seeds)
+        if not 0.1 <= args.inflate <= 5:
+            raise TraceError("--inflate: expected a factor between 0.1 and 5")
+        if not 1 <= args.mig_nodes <= 1000:
+            raise TraceError("--mig-nodes: between 1 and 1000")
+        if args.cluster_file or args.scheduler or args.dra:
+            raise TraceError("--mig replays its own H100 nodes under both schedulers: no --cluster-file, --scheduler "
+                             "or --dra with it")
+        template, workload = pods_of(sources(args)[1])
+    except TraceError as exc:
+        print(f"gpu-tailor simulate: {exc}", file=sys.stderr)
+        return 2
+    top = math.floor(args.inflate * 100 + 0.5)
+    print(f"{args.mig_nodes} nodes of 8 x H100 80GB on DRA; the pods of {workload} of one GPU or less, asking for "
+          f"their share of a GPU's compute, up to {args.inflate:g} x the GPUs")
+    rows = [["workload", "layout", "scheduler", "seeds", "alloc@90%", "alloc@100%", f"alloc@{top}%", "failed pods",
+             "partitions carved or taken (mean)"]]
+    runs = []
+    for kind in mig.WORKLOADS:
+        for layout in mig.LAYOUTS:
+            for scheduler in mig.SCHEDULERS:
+                done = [mig.run(layout, scheduler, template, seed, args.mig_nodes, inflate=args.inflate, workload=kind)
+                        for seed in seeds]
+                runs += done
+                curves = [r.curve(top) for r in done]
+                carved: Counter[str] = Counter()
+                for r in done:
+                    carved.update(r.carved)
+                rows.append([kind, layout, scheduler, str(len(done)),
+                             f"{mean(c.get('90', math.nan) for c in curves):.2f}",
+                             f"{mean(c.get('100', math.nan) for c in curves):.2f}",
+                             f"{mean(c[str(top)] for c in curves):.2f}",
+                             f"{mean(sum(r.failed.values()) for r in done):.1f}",
+                             ", ".join(f"{p} {n / len(done):.0f}" for p, n in carved.most_common(4))])
+    print("\n".join(aligned(rows, lambda i: 3 <= i <= 7)))
+    print("alloc: the GPU share the placed pods asked for, % of the GPUs, when that much of it has arrived; pods never "
+          "leave, and a pod no node can allocate is dropped; single-GPU: every pod of one GPU or less, shares: those "
+          "of less than one")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": [
+            {"workload": r.workload, "layout": r.layout, "scheduler": r.scheduler, "seed": r.seed,
+             "alloc": r.curve(top), "failed": dict(r.failed), "carved": dict(r.carved)} for r in runs]}, indent=1)
+            + "\n")
+        print(f"wrote {args.json}")
+    return 0
 
 
 def through_dra(nodes: list[SimNode], share: float, seed: int) -> list[SimNode]:
