@@ -349,6 +349,33 @@ class Usage:
         return device.key not in self.taken and device.key not in self.consumed and self.counters_allow(device)
 
 
+def can_carve(pool: DraPool, usage: Usage) -> dict[str, int]:
+    """How many more of each partition the free counters of a pool's partitionable GPUs can still carve, each profile
+    counted on its own (carving one takes from the others): ``{"1g.10gb": 5, "3g.40gb": 1, "whole GPU": 0}``, taken
+    first fit in the pool's order, as the allocator would take them one after another. Empty for a pool without
+    counter sets."""
+    out: dict[str, int] = {}
+    kinds: dict[str, list[DraDevice]] = {}
+    for device in pool.devices.values():
+        if device.consumes:
+            kinds.setdefault(device.profile or "whole GPU", []).append(device)
+    for kind, devices in kinds.items():
+        left = usage.copy()
+        for device in devices:
+            if left.free(device):
+                left.take(device)
+        out[kind] = sum(1 for d in devices if d.key in left.taken and d.key not in usage.taken)
+    return out
+
+
+def counted_memory(pool: DraPool, usage: Usage) -> tuple[int, int]:
+    """Memory of a pool's partitionable GPUs (their counter sets' ``memory``), and what the carved partitions leave
+    of it: what a list of the devices would count many times over."""
+    total = sum(c.get("memory", 0) for c in pool.counter_sets.values())
+    left = sum(usage.left.get((pool.name, name, "memory"), c.get("memory", 0)) for name, c in pool.counter_sets.items())
+    return total, left
+
+
 def carvable(pool: DraPool, usage: Usage) -> int:
     """What is still carvable of a pool's partitionable GPUs: for each counter set (a GPU), the most memory slices
     one free device consuming from it would take, summed. A 1g partition carved where this drops least leaves the

@@ -15,7 +15,7 @@ from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.snapshot import NodeInfo
 from gpu_tailor.gpumodel.devices.base import BackingKind, HealthState, Offering
 from gpu_tailor.gpumodel.devices.dra import DraState
-from gpu_tailor.gpumodel.dra import DeviceType
+from gpu_tailor.gpumodel.dra import DeviceType, can_carve, counted_memory
 from gpu_tailor.gpumodel.fleet import MILLI, Fleet
 from gpu_tailor.gpumodel.policies.fgd import FgdPolicy, Mix
 from gpu_tailor.gpumodel.quantity import GIB
@@ -68,6 +68,7 @@ class DraPoolRow:
     free_memory_gib: float = 0.0  # memory of devices no claim holds, and what shared claims left
     memory_gib: float = 0.0
     complete: bool = True
+    carvable: dict[str, int] = field(default_factory=dict)  # partitionable GPUs: how many more of each partition fit
 
 
 def dra_pools(state: DraState) -> list[DraPoolRow]:
@@ -77,6 +78,8 @@ def dra_pools(state: DraState) -> list[DraPoolRow]:
         row = DraPoolRow(pool.node, pool.name, complete=pool.complete)
         counts: dict[str, list[int]] = {}
         for d in pool.devices.values():
+            if d.consumes:  # partitionable (DynamicMIG): counted by what the counters can still carve, below
+                continue
             kind = f"MIG {d.profile}" if d.type is DeviceType.MIG else d.product.removeprefix("NVIDIA ") + (
                 " (shared)" if d.shared else "")
             c = counts.setdefault(kind, [0, 0])
@@ -88,6 +91,16 @@ def dra_pools(state: DraState) -> list[DraPoolRow]:
             row.devices_total += 1
             row.free_memory_gib += left / GIB
             row.memory_gib += d.memory_bytes / GIB
+        if pool.counter_sets:
+            total, left = counted_memory(pool, usage)
+            row.memory_gib += total / GIB
+            row.free_memory_gib += left / GIB
+            row.carvable = can_carve(pool, usage)
+            gpus = len(pool.counter_sets)
+            idle = row.carvable.get("whole GPU", 0)
+            counts["GPU (partitionable)"] = [idle, gpus]
+            row.free_devices += idle
+            row.devices_total += gpus
         row.devices = {k: f"{a}/{b}" for k, (a, b) in sorted(counts.items())}
         row.free_memory_gib = round(row.free_memory_gib, 1)
         row.memory_gib = round(row.memory_gib, 1)
@@ -287,6 +300,12 @@ def table(r: Report) -> str:
         w2 = [max(len(row[i]) for row in rows2) for i in range(3)]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row[:3], w2, strict=True)) + "  " + row[3]
                   for row in rows2]
+        carve = [d for d in r.dra if d.carvable]
+        if carve:
+            lines += ["", "Partitionable GPUs (DynamicMIG): how many more of each partition the free counters can "
+                          "carve, each on its own:"]
+            lines += [f"  {d.node}: " + ", ".join(f"{k} {v}" for k, v in sorted(
+                d.carvable.items(), key=lambda kv: (kv[0] == "whole GPU", kv[0]))) for d in carve]
     elif not r.dra_on:
         lines += ["", "DRA: off (the source has no resource.k8s.io/v1 objects, or the API server does not serve it)"]
     if r.unsold:

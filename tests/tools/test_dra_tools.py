@@ -10,7 +10,7 @@ from gpu_tailor.tools.capacity import capacity, table
 from gpu_tailor.tools.explain import explain
 from gpu_tailor.tools.source import Cluster, dra_state, load_dump
 from gpu_tailor.webhook.config import AdmissionPolicy
-from tests.gpumodel.dra_slices import device_classes, h100_mig, hgx, plain_node, shared_t4
+from tests.gpumodel.dra_slices import device_classes, dynamic_h100, h100_mig, hgx, plain_node, shared_t4
 
 NODES = ["dra-h100-hgx-0", "dra-h100-mig-0", "dra-t4-shared-0"]
 
@@ -69,3 +69,20 @@ def test_capacity_lists_dra_pools_from_a_dump(tmp_path: Any) -> None:
     text = table(report)
     assert "DRA pools" in text and "dra-h100-hgx-0   7/8" in text
     assert "DRA: off" in table(capacity(Cluster([], [], None, "empty")))
+
+
+def test_capacity_says_what_partitionable_gpus_can_still_carve(tmp_path: Any) -> None:
+    # two H100s under DynamicMIG: a 3g.40gb carved at slices 4-7 of GPU 0
+    dump = tmp_path / "dump.json"
+    items = [plain_node("dra-h100-dyn-0"), *dynamic_h100(gpus=2), *device_classes(),
+             held("dra-h100-dyn-0", "gpu-0-mig-3g40gb-9-4")]
+    dump.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    report = capacity(load_dump(str(dump)))
+    (row,) = report.dra
+    assert row.devices == {"GPU (partitionable)": "1/2"} and (row.free_devices, row.devices_total) == (1, 2)
+    assert (row.memory_gib, row.free_memory_gib) == (160, 120)  # the counter sets' memory, not every placement's
+    # GPU 0 has slices 0-3 left: 4 x 1g.10gb, 2 x 2g.20gb, one 3g.40gb or one 4g.40gb; GPU 1 all of its own
+    assert row.carvable == {"1g.10gb": 4 + 7, "2g.20gb": 2 + 3, "3g.40gb": 1 + 2, "4g.40gb": 1 + 1, "7g.80gb": 1,
+                            "whole GPU": 1}
+    text = table(report)
+    assert "dra-h100-dyn-0: 1g.10gb 11, 2g.20gb 5, 3g.40gb 3, 4g.40gb 2, 7g.80gb 1, whole GPU 1" in text
