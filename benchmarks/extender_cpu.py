@@ -12,6 +12,10 @@ Prints the process CPU per pod of each, and the difference: what the extender ad
 doing nothing (the client's share is in both).
 
     python benchmarks/extender_cpu.py [--nodes 1000] [--pods 2000] [--candidates 420] [--rounds 3] [--profile 15]
+                                      [--dra 100]
+
+``--dra N`` also replays with N of the nodes publishing their GPUs through NVIDIA's DRA driver (no GPU allocatable,
+the driver's DeviceClasses, ``nvidia.com/gpu`` served by DRA there): what DRA's state and scoring add per pod.
 
 ``--profile N`` runs gpu-tailor's replay under cProfile (which slows it, so the CPU figures above come from a run
 without it) and prints the N functions that spend the most CPU of their own, per pod: where the extender's time goes
@@ -37,6 +41,7 @@ from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.recorder import Recorder
 from gpu_tailor.extender.server import make_app
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.devices.dra import DraState
 
 
 def node(name: str) -> dict[str, Any]:
@@ -136,10 +141,34 @@ async def replay(app: web.Application, cache: Cache | None, binder: Binder | Non
         await server.close()
 
 
-def fresh(names: list[str]) -> tuple[Cache, Binder, Recorder]:
+def fresh(names: list[str], dra: int = 0) -> tuple[Cache, Binder, Recorder]:
+    """A synced cache of ``names``; with ``dra``, every ``len(names) // dra``-th node's 8 H100s are published through
+    NVIDIA's DRA driver instead (no GPU allocatable), with the driver's DeviceClasses (``nvidia.com/gpu`` served by
+    DRA there, KEP-5004): DRA's watches and scoring on."""
     cache = Cache()
-    cache.reset_nodes([node(n) for n in names])
+    through = set(names[:: max(1, len(names) // dra)][:dra]) if dra else set()
+    objs = []
+    for n in names:
+        obj = node(n)
+        if n in through:
+            for key in ("capacity", "allocatable"):
+                obj["status"][key] = {k: v for k, v in obj["status"][key].items() if k != "nvidia.com/gpu"}
+            obj["metadata"]["labels"] = {"kubernetes.io/hostname": n}
+        objs.append(obj)
+    cache.reset_nodes(objs)
     cache.reset_pods([])
+    if dra:
+        state = DraState()
+        state.reset_slices([{"metadata": {"name": f"{n}-gpu.nvidia.com"}, "spec": {
+            "driver": "gpu.nvidia.com", "nodeName": n, "pool": {"name": n, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"},
+                                                            "productName": {"string": "NVIDIA H100 80GB HBM3"}},
+                         "capacity": {"memory": {"value": "80Gi"}}} for i in range(8)]}} for n in sorted(through)])
+        state.reset_claims([])
+        serving = {"extendedResourceName": "nvidia.com/gpu"}
+        state.reset_classes([{"metadata": {"name": "gpu.nvidia.com"}, "spec": serving},
+                             {"metadata": {"name": "mig.nvidia.com"}, "spec": {}}])
+        cache.dra = state
     return cache, Binder(), Recorder(cache, no_patch)
 
 
@@ -149,20 +178,26 @@ async def no_patch(namespace: str, name: str, patch: dict[str, Any]) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     names = [f"node-{i:04d}" for i in range(args.nodes)]
-    runs: dict[str, list[float]] = {"noop": [], "bound": [], "recorded": []}
+    runs: dict[str, list[float]] = {"noop": [], "bound": [], "recorded": [], "dra": []}
     for _ in range(args.rounds):  # interleaved, the median of each: this machine's speed drifts between runs
         runs["noop"].append(await replay(noop_app(), None, None, args, names))
         cache, binder, _ = fresh(names)
         runs["bound"].append(await replay(make_app(cache, binder), cache, binder, args, names))
         cache, binder, recorder = fresh(names)
         runs["recorded"].append(await replay(make_app(cache, binder), cache, binder, args, names, recorder))
+        if args.dra:
+            cache, binder, recorder = fresh(names, args.dra)
+            runs["dra"].append(await replay(make_app(cache, binder), cache, binder, args, names, recorder))
     noop, bound, recorded = (statistics.median(runs[k]) for k in ("noop", "bound", "recorded"))
     print(f"{args.nodes} nodes, {args.pods} pods, {args.candidates} candidates; CPU per pod, this process "
           f"(median of {args.rounds} interleaved rounds):")
     print(f"  {'':52} {'ms':>6} {'- no-op':>8}")
     print(f"  {'no-op extender (filter+prioritize)':52} {noop * 1e3:6.2f}")
-    for what, cpu in (("gpu-tailor with the bind verb (watch+filter+prioritize+bind)", bound),
-                      ("gpu-tailor, kube-scheduler binds (+ the record's event)", recorded)):
+    series = [("gpu-tailor with the bind verb (watch+filter+prioritize+bind)", bound),
+              ("gpu-tailor, kube-scheduler binds (+ the record's event)", recorded)]
+    if args.dra:
+        series.append((f"the same, {args.dra} of the nodes DRA pools", statistics.median(runs["dra"])))
+    for what, cpu in series:
         print(f"  {what:52} {cpu * 1e3:6.2f} {(cpu - noop) * 1e3:8.2f}")
     if args.profile:
         await profile(args, names)
@@ -194,4 +229,6 @@ if __name__ == "__main__":
     p.add_argument("--candidates", type=int, default=420)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--profile", type=int, default=0, metavar="N", help="then profile, printing the top N functions")
+    p.add_argument("--dra", type=int, default=0, metavar="N",
+                   help="also replay with N of the nodes' GPUs published through DRA (its watches and scoring on)")
     asyncio.run(main(p.parse_args()))

@@ -62,10 +62,13 @@ class Verdicts:
         self.asks: OrderedDict[Demand, Kept] = OrderedDict()
         # the nodes the last filter passed: (its ask, the snapshot's generation, their names)
         self.passed: tuple[Demand, int, frozenset[str]] | None = None
+        # the nodes DRA serves a native resource on (``verbs.dra_served``), for (generation, DRA version, resource)
+        self.served: tuple[tuple[int, int, str], frozenset[str]] | None = None
 
     def clear(self) -> None:
         self.asks.clear()
         self.passed = None
+        self.served = None
 
     def filtered(self, demand: Demand, generation: int, passed: list[str]) -> None:
         """What filter passed for ``demand`` on the snapshot of ``generation``."""

@@ -192,16 +192,23 @@ def dra_served(snap: Snapshot, demand: Demand) -> frozenset[str]:
     """The nodes where DRA serves the pod's native resource (KEP-5004): a DeviceClass maps it
     (``extendedResourceName``), the node publishes DRA pools and sells none of it itself. kube-scheduler's
     DynamicResources plugin allocates those units as a claim and filters the node before the extender is asked, so
-    the extender passes it: refusing it would disagree with the allocator."""
+    the extender passes it: refusing it would disagree with the allocator. Kept while the nodes and DRA are as they
+    were (filter, prioritize and bind ask it about one pod in turn)."""
     dra = snap.dra
     if not demand.gpu or not dra.enabled or demand.resource not in dra.extended():
         return frozenset()
+    key = (snap.generation, dra.version, demand.resource)
+    kept = snap.verdicts.served
+    if kept is not None and kept[0] == key:
+        return kept[1]
     out = set()
     for node in dra.inventory().nodes():
         info = snap.nodes.get(node)
         if info is None or info.state.inventory.offering(demand.resource) is None:
             out.add(node)
-    return frozenset(out)
+    served = frozenset(out)
+    snap.verdicts.served = (key, served)
+    return served
 
 
 def claim_ladders(snap: Snapshot, pod: dict[str, Any]) -> dict[str, tuple[claims.Rung, ...]] | None:

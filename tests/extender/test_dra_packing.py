@@ -17,7 +17,7 @@ from gpu_tailor.gpumodel.devices.dra import DraState
 from gpu_tailor.gpumodel.dra import Usage, gpu_column, read_slices
 from gpu_tailor.gpumodel.fleet import MILLI, PICK_ANY, PICK_FIRST, Fleet, Shape, candidates
 from gpu_tailor.gpumodel.policies import POLICIES
-from tests.extender.builders import cluster
+from tests.extender.builders import cluster, gpu_pod
 from tests.extender.test_dra import claim_pod, held
 from tests.gpumodel.dra_slices import (
     H100,
@@ -151,3 +151,13 @@ def test_the_policy_learns_a_claims_share_of_the_gpus() -> None:
     pod = copy.deepcopy(claim_pod("four", {"gpuMilli": 4000}, "dra:gpu-nvidia-h100-80gb-hbm3"))
     asked = verbs.shape_asked(cache.snapshot(), {"Pod": pod, "NodeNames": ["dra-h100-hgx-0"]})
     assert asked is not None and (asked[1].gpus, asked[1].milli) == (4, MILLI)
+
+
+def test_the_nodes_dra_serves_a_native_ask_on_follow_the_slices_and_classes() -> None:
+    cache = dra_cluster([hgx(), shared_t4()])
+    demand = verbs.extender_args({"Pod": gpu_pod("two", 2), "NodeNames": []}).demand
+    assert verbs.dra_served(cache.snapshot(), demand) == {"dra-h100-hgx-0", "dra-t4-shared-0"}
+    cache.dra.apply_slice("DELETED", shared_t4())  # the nodes unchanged, DRA not: asked again
+    assert verbs.dra_served(cache.snapshot(), demand) == {"dra-h100-hgx-0"}
+    cache.dra.apply_class("DELETED", device_classes()[0])  # nothing maps nvidia.com/gpu to DRA any more
+    assert verbs.dra_served(cache.snapshot(), demand) == frozenset()

@@ -410,7 +410,7 @@ class DraState:
     holds: dict[str, ClaimHold] = field(default_factory=dict)  # claim uid -> ClaimHold
     classes: dict[str, str] = field(default_factory=dict)  # DeviceClass name -> its extendedResourceName ("")
     synced: set[str] = field(default_factory=set)  # "slices", "claims", "classes" once listed
-    version: int = 0  # counts changes to the slices and the claims' holds (what the inventory and usage read)
+    version: int = 0  # counts changes to the slices, the claims' holds and the classes
     _inventory: DraInventory | None = None
     _usage: Usage | None = None
 
@@ -468,6 +468,7 @@ class DraState:
     def reset_classes(self, items: list[dict[str, Any]]) -> None:
         self.classes = dict(filter(None, map(_device_class, items)))
         self.synced.add("classes")
+        self.version += 1
 
     def apply_class(self, event: str, obj: dict[str, Any]) -> None:
         entry = _device_class(obj)
@@ -477,6 +478,7 @@ class DraState:
             self.classes.pop(entry[0], None)
         else:
             self.classes[entry[0]] = entry[1]
+        self.version += 1
 
 
 def _name(obj: dict[str, Any]) -> str:
