@@ -601,8 +601,7 @@ def test_one_gpu_per_container_is_one_replica_each_where_nvidia_com_gpu_sells_re
     assert out["NodeNames"] == ["t4-timeslice-0", "h100-hgx-0"]
 
 
-def test_prioritize_right_after_filter_reuses_the_demand_read_for_the_same_pod_version(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prioritize_right_after_filter_reuses_the_demand_read_for_the_same_pod(monkeypatch: pytest.MonkeyPatch) -> None:
     reads: list[str] = []
 
     def read(pod: dict[str, Any]) -> Demand:
@@ -611,21 +610,18 @@ def test_prioritize_right_after_filter_reuses_the_demand_read_for_the_same_pod_v
 
     monkeypatch.setattr(verbs, "demand_of", read)
     body = args("filter-nodecache-true-pod-gpu4")
-    body["Pod"]["metadata"]["resourceVersion"] = "7"
     first = verbs.extender_args(body)
     again = verbs.extender_args(copy.deepcopy(body), first)
     assert again.demand is first.demand and len(reads) == 1
 
-    changed = copy.deepcopy(body)  # a new version of the pod: read again, and what it asks now counts
-    changed["Pod"]["metadata"]["resourceVersion"] = "8"
+    changed = copy.deepcopy(body)  # the same pod, at the same version even, asking for something else: read again
     changed["Pod"]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "2"},
                                                             "requests": {"nvidia.com/gpu": "2"}}
     assert verbs.extender_args(changed, again).demand.units == 2 and len(reads) == 2
-
-    other = copy.deepcopy(body)  # another pod that happens to share the version: read
+    annotated = copy.deepcopy(body)
+    annotated["Pod"]["metadata"]["annotations"] = {"gpu-tailor.io/topology": "nvlink"}
+    assert verbs.extender_args(annotated, again).demand.nvlink and len(reads) == 3
+    other = copy.deepcopy(body)  # another pod with the same spec: read
     other["Pod"]["metadata"]["uid"] = "another-uid"
     verbs.extender_args(other, again)
-    unversioned = copy.deepcopy(body)  # no version to compare: read every time
-    del unversioned["Pod"]["metadata"]["resourceVersion"]
-    verbs.extender_args(unversioned, verbs.extender_args(unversioned))
-    assert len(reads) == 5
+    assert len(reads) == 4
