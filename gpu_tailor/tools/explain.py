@@ -24,6 +24,7 @@ from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.records import pod_record
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.devices import dra as claims
+from gpu_tailor.gpumodel.dra import DraPool
 from gpu_tailor.gpumodel.occupancy import NodeGpus
 from gpu_tailor.gpumodel.schedule import Demand, demand_of
 from gpu_tailor.tools import intree
@@ -179,6 +180,18 @@ def _allocated(pick: claims.Pick) -> str:
     return f"{pick.rung.describe()} -> device{'s' if len(names) > 1 else ''} {', '.join(names)}"
 
 
+def _uncertain(pools: list[DraPool]) -> str:
+    """Why the allocator may take other devices than predicted on a node, where it may: a pool the driver is still
+    publishing (devices not seen yet may come first), or several pools (searched in an order the prediction does not
+    know)."""
+    incomplete = [p.name for p in pools if not p.complete]
+    if incomplete:
+        return f" (may differ: pool {', '.join(incomplete)} is not wholly published yet)"
+    if len(pools) > 1:
+        return f" (may differ: {len(pools)} pools on the node, the allocator may search another first)"
+    return ""
+
+
 def dra_allocations(stored: Obj, cache: Cache) -> dict[str, str] | None:
     """For a pod whose GPUs are a DRA claim (gpu-tailor's template, or a native ask a DeviceClass serves): per node
     where kube-scheduler's DynamicResources plugin can allocate it now, what the allocator would pick there; None for
@@ -194,7 +207,8 @@ def dra_allocations(stored: Obj, cache: Cache) -> dict[str, str] | None:
         for node in inv.nodes():
             picks = claims.node_picks(ladders, inv, usage, node)
             if picks is not None:
-                out[node] = "claim: " + ", ".join(_allocated(p) for p in picks.values() if p is not None)
+                out[node] = "claim: " + ", ".join(_allocated(p) for p in picks.values() if p is not None) + \
+                    _uncertain(inv.on_node(node))
         return out
     demand = demand_of(stored)
     served = verbs.dra_served(snap, demand)

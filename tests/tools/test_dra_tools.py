@@ -10,7 +10,7 @@ from gpu_tailor.tools.capacity import capacity, table
 from gpu_tailor.tools.explain import explain
 from gpu_tailor.tools.source import Cluster, dra_state, load_dump
 from gpu_tailor.webhook.config import AdmissionPolicy
-from tests.gpumodel.dra_slices import device_classes, dynamic_h100, h100_mig, hgx, plain_node, shared_t4
+from tests.gpumodel.dra_slices import device_classes, dynamic_h100, h100_mig, hgx, plain_node, resource_slice, shared_t4
 
 NODES = ["dra-h100-hgx-0", "dra-h100-mig-0", "dra-t4-shared-0"]
 
@@ -86,3 +86,15 @@ def test_capacity_says_what_partitionable_gpus_can_still_carve(tmp_path: Any) ->
                             "whole GPU": 1}
     text = table(report)
     assert "dra-h100-dyn-0: 1g.10gb 11, 2g.20gb 5, 3g.40gb 3, 4g.40gb 2, 7g.80gb 1, whole GPU 1" in text
+
+
+def test_explain_says_where_the_allocator_may_take_other_devices_than_predicted() -> None:
+    half = resource_slice("dra-h100-hgx-0", hgx()["spec"]["devices"][:4], count=2, part=0)  # 1 of 2 slices seen
+    c = Cluster([plain_node("dra-h100-hgx-0")], [], {"team-a": {"gpu-tailor.io/enabled": "true"}}, "test",
+                dra=dra_state([half], [], device_classes()))
+    e = explain(pod({"gpu-tailor.io/gpu-milli": "2000"}), "pod p", c, AdmissionPolicy())
+    detail = {v.node: v.detail for v in e.nodes}["dra-h100-hgx-0"]
+    assert detail.startswith("claim: 2 x NVIDIA H100 80GB HBM3 (80Gi) -> devices gpu-0, gpu-1")
+    assert detail.endswith("(may differ: pool dra-h100-hgx-0 is not wholly published yet)")
+    whole = explain(pod({"gpu-tailor.io/gpu-milli": "2000"}), "pod p", cluster(), AdmissionPolicy())
+    assert "may differ" not in {v.node: v.detail for v in whole.nodes}["dra-h100-hgx-0"]
