@@ -10,12 +10,27 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client
+
+
+@asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[client.ApiClient]:
+    """A kubernetes-asyncio client of ``app``, served on a free port for the block."""
+    server = TestServer(app)
+    await server.start_server()
+    api = client.ApiClient(client.Configuration(host=str(server.make_url("")).rstrip("/")))
+    try:
+        yield api
+    finally:
+        await api.close()
+        await server.close()
 
 
 @dataclass

@@ -10,13 +10,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client
 
 from gpu_tailor.gpumodel.devices.dra import DraState
 from gpu_tailor.kube.dra import dra_watches
 from gpu_tailor.kube.freshness import Freshness
 from tests.gpumodel.dra_slices import device_classes, hgx
+from tests.kube.fakeapi import serving
 
 BASE = "/apis/resource.k8s.io/v1"
 KINDS = {"resourceslices": "ResourceSliceList", "resourceclaims": "ResourceClaimList",
@@ -62,14 +62,8 @@ async def api_server(served: Served) -> AsyncIterator[client.ApiClient]:
     app.router.add_get(BASE + "/", served.discovery)
     app.router.add_get(BASE, served.discovery)
     app.router.add_get(BASE + "/{kind}", served.listing)
-    server = TestServer(app)
-    await server.start_server()
-    api = client.ApiClient(client.Configuration(host=str(server.make_url("")).rstrip("/")))
-    try:
+    async with serving(app) as api:
         yield api
-    finally:
-        await api.close()
-        await server.close()
 
 
 async def until(predicate: Any) -> None:

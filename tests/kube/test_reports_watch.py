@@ -10,12 +10,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client
 
 from gpu_tailor.gpumodel.report import NodeReport
 from gpu_tailor.kube.freshness import Freshness
 from gpu_tailor.kube.reports import report_watch
+from tests.kube.fakeapi import serving
 
 PATH = "/apis/gpu-tailor.io/v1alpha1/nodegpureports"
 
@@ -44,14 +44,8 @@ class Served:
 async def api_server(served: Served) -> AsyncIterator[client.ApiClient]:
     app = web.Application()
     app.router.add_get(PATH, served.get)
-    server = TestServer(app)
-    await server.start_server()
-    api = client.ApiClient(client.Configuration(host=str(server.make_url("")).rstrip("/")))
-    try:
+    async with serving(app) as api:
         yield api
-    finally:
-        await api.close()
-        await server.close()
 
 
 async def test_reports_are_watched_while_their_crd_is_served() -> None:
