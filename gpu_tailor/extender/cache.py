@@ -128,7 +128,7 @@ class Cache:
         self.freshness: dict[str, Freshness] = {}  # per watched resource, when watches keep the cache
         self.dra = DraState(enabled=False)  # DRA pools; on where the watches find resource.k8s.io/v1
         self._last_generation = 0
-        self._dra_version = 0  # the DRA state's version the fleet's DRA rows were written at
+        self._dra_written: tuple[DraState, int] | None = None  # the DRA state and version the DRA rows were written at
         self._dra_nodes: set[str] = set()  # the nodes with DRA pools then
         self._dirty: set[str] = set()  # nodes changed since the last snapshot
         self._view: dict[str, NodeInfo] = {}
@@ -166,9 +166,10 @@ class Cache:
         """After DRA slices or claims change, the fleet rows of the nodes with DRA pools (before or now) are written
         again: their GPUs are the DRA devices (``_refresh``)."""
         dra = self.dra
-        if not dra.enabled or dra.version == self._dra_version:
+        if not dra.enabled or (self._dra_written is not None and self._dra_written[0] is dra
+                               and self._dra_written[1] == dra.version):
             return
-        self._dra_version = dra.version
+        self._dra_written = (dra, dra.version)
         now = dra.inventory().nodes()
         self._dirty.update(n for n in now | self._dra_nodes if n in self.nodes)
         self._dra_nodes = now

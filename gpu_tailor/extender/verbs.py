@@ -24,6 +24,7 @@ from gpu_tailor.extender.snapshot import NodeInfo, Snapshot
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.ask import from_canonical
 from gpu_tailor.gpumodel.devices import dra as claims
+from gpu_tailor.gpumodel.dra import gpu_column
 from gpu_tailor.gpumodel.fleet import PICK_FIRST, Shape
 from gpu_tailor.gpumodel.occupancy import Placement, format_gpu_annotation
 from gpu_tailor.gpumodel.schedule import Demand, demand_of, fit, pod_key, shape_of
@@ -306,22 +307,32 @@ def _claim_scores(snap: Snapshot, names: list[str], ladders: claims.Ladders,
     """A claim of whole GPUs or of a share of a shared GPU, ranked as a device-plugin ask is: the policy scores the
     placement kube-scheduler's allocator will make on each node (the devices it takes first, ``PICK_FIRST`` rows of
     the fleet) by the fragmentation it leaves. A node counts where the allocator can allocate the claim now
-    (``claims.node_picks``) on devices its fleet row holds; None for a claim the fleet cannot hold."""
+    (``claims.node_picks``), on the device the fleet predicts too. None for a claim the fleet cannot hold, and where
+    a node the allocator can serve has no fleet row of the claim's kind (GPUs shared and whole on one node, or sold by
+    the device plugin too): the fixed order then ranks them all on one scale."""
     fitted = claims.fleet_shape(ladders, demand.cpu_milli, demand.memory_mib)
     if fitted is None:
         return None
     shape, shared = fitted
     fleet, inv, usage = snap.fleet, snap.dra.inventory(), snap.dra.usage()
     pooled = inv.nodes()
-    known = [n for n in names if n in pooled and n in fleet.index]
-    rows = np.array([fleet.index[n] for n in known], np.int64)
-    ok = np.zeros(len(known), bool)
-    for i, n in enumerate(known):
+    known = [n for n in names if n in pooled]
+    picked: list[claims.Pick | None] = []
+    for n in known:
         picks = claims.node_picks(ladders, inv, usage, n)
         pick = next(iter(picks.values())) if picks else None
-        ok[i] = pick is not None and pick.device.shared == shared and fleet.pick[rows[i]] == PICK_FIRST
-    scores, _ = snap.policy.node_scores(shape, rows) if len(rows) else (np.zeros(0), None)
+        if pick is not None and (n not in fleet.index or fleet.pick[fleet.index[n]] != PICK_FIRST
+                                 or pick.device.shared != shared):
+            return None
+        picked.append(pick)
+    rows = np.array([fleet.index[n] if p is not None else 0 for n, p in zip(known, picked, strict=True)], np.int64)
+    ok = np.array([p is not None for p in picked], bool)
+    scores, gpu = snap.policy.node_scores(shape, rows) if len(rows) else (np.zeros(0), np.zeros(0, np.int64))
     ok &= ~np.isnan(scores)
+    if shared:  # the share's device as the fleet rounds it is the allocator's: else its score is not the pick's
+        for i in np.flatnonzero(ok):
+            column, pick = gpu_column(inv.on_node(known[i]), usage), picked[i]
+            ok[i] = column is not None and pick is not None and int(gpu[i]) == column.names.index(pick.device.name)
     policy = snap.policy
     whole = shape if policy.keep_whole_nodes else None
     final = extender_scores(scores, ok, tie_order(fleet, rows, True, whole, policy.tie_keys))

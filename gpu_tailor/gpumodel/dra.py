@@ -35,7 +35,7 @@ from fractions import Fraction
 from typing import Any
 
 from gpu_tailor.gpumodel.mig import parse_profile_name
-from gpu_tailor.gpumodel.quantity import GIB, QuantityError, parse_bytes
+from gpu_tailor.gpumodel.quantity import GIB, QuantityError, parse_bytes, parse_quantity
 
 DRIVER = "gpu.nvidia.com"
 API_GROUP = "resource.k8s.io"
@@ -59,7 +59,7 @@ class DraDevice:
     uuid: str = ""
     parent_uuid: str = ""  # MIG devices: the GPU they are cut from
     shared: bool = False  # ``allowMultipleAllocations``: several claims share it, each taking some ``memory``
-    consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()  # (counter set, ((counter, amount), ...))
+    consumes: tuple[tuple[str, tuple[tuple[str, Fraction], ...]], ...] = ()  # (counter set, ((counter, amount), ...))
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -87,7 +87,7 @@ class DraPool:
     slice_count: int
     devices: dict[str, DraDevice] = field(default_factory=dict)
     slices_seen: int = 0
-    counter_sets: dict[str, dict[str, int]] = field(default_factory=dict)  # KEP-4815 ``sharedCounters``, by name
+    counter_sets: dict[str, dict[str, Fraction]] = field(default_factory=dict)  # KEP-4815 ``sharedCounters``
 
     @property
     def complete(self) -> bool:
@@ -100,12 +100,20 @@ class DraInventory:
 
     pools: dict[str, DraPool] = field(default_factory=dict)  # by pool name
     problems: list[str] = field(default_factory=list)
+    _by_node: dict[str, list[DraPool]] | None = None
+
+    def _index(self) -> dict[str, list[DraPool]]:
+        if self._by_node is None:  # built on first use: the pools are not changed once read
+            self._by_node = {}
+            for p in self.pools.values():
+                self._by_node.setdefault(p.node, []).append(p)
+        return self._by_node
 
     def on_node(self, node: str) -> list[DraPool]:
-        return [p for p in self.pools.values() if p.node == node]
+        return list(self._index().get(node, ()))
 
     def nodes(self) -> set[str]:
-        return {p.node for p in self.pools.values()}
+        return set(self._index())
 
 
 def _attribute(attributes: dict[str, Any], name: str) -> Any:
@@ -130,6 +138,9 @@ def read_device(pool: str, raw: Any) -> DraDevice | str:
     consumes = _consumption(raw.get("consumesCounters"))
     if isinstance(consumes, str):
         return f"pool {pool}, device {name}: consumesCounters: {consumes}"
+    if consumes and raw.get("allowMultipleAllocations") is True:
+        return (f"pool {pool}, device {name}: a shared device that also consumes counters is not modelled (NVIDIA's "
+                "driver publishes none); left out")
     attributes = raw.get("attributes") or {}
     capacity = raw.get("capacity") or {}
     if not isinstance(attributes, dict) or not isinstance(capacity, dict):
@@ -152,23 +163,23 @@ def read_device(pool: str, raw: Any) -> DraDevice | str:
                      text("parentUUID"), raw.get("allowMultipleAllocations") is True, consumes)
 
 
-def _counters(raw: Any) -> dict[str, int] | str:
-    """``{name: {value: quantity}}`` as amounts (bytes for memory, plain numbers else), or what is wrong."""
+def _counters(raw: Any) -> dict[str, Fraction] | str:
+    """``{name: {value: quantity}}`` as exact amounts (bytes for memory, plain numbers else), or what is wrong."""
     if not isinstance(raw, dict) or not raw:
         return "expected counters as {name: {value: quantity}}"
     out = {}
     for name, counter in raw.items():
         value = counter.get("value") if isinstance(counter, dict) else None
         try:
-            out[str(name)] = parse_bytes(value) if isinstance(value, str | int) else -1
+            out[str(name)] = parse_quantity(value)
         except QuantityError:
-            out[str(name)] = -1
-        if out[str(name)] < 0:
             return f"counter {name}: not a quantity"
+        if out[str(name)] < 0:
+            return f"counter {name}: negative"
     return out
 
 
-def _consumption(raw: Any) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...] | str:
+def _consumption(raw: Any) -> tuple[tuple[str, tuple[tuple[str, Fraction], ...]], ...] | str:
     """A device's ``consumesCounters``, or what is wrong with it."""
     if not raw:
         return ()
@@ -217,7 +228,11 @@ def read_slices(slices: Iterable[dict[str, Any]]) -> DraInventory:
             inv.problems.append(f"slice {slice_name}: pool {name} is on node {pool.node}, this slice says {node}")
             continue
         pool.slices_seen += 1
-        for counter_set in spec.get("sharedCounters") or []:
+        counter_sets, devices = spec.get("sharedCounters") or [], spec.get("devices") or []
+        if not isinstance(counter_sets, list) or not isinstance(devices, list):
+            inv.problems.append(f"slice {slice_name}: sharedCounters and devices must be lists; left out")
+            continue
+        for counter_set in counter_sets:
             set_name = counter_set.get("name") if isinstance(counter_set, dict) else None
             counters = _counters(counter_set.get("counters")) if isinstance(counter_set, dict) else "not an object"
             if not isinstance(set_name, str) or isinstance(counters, str) or set_name in pool.counter_sets:
@@ -225,7 +240,7 @@ def read_slices(slices: Iterable[dict[str, Any]]) -> DraInventory:
                 inv.problems.append(f"slice {slice_name}: counter set {set_name!r} of pool {name}: {why}; left out")
             else:
                 pool.counter_sets[set_name] = counters
-        for raw in spec.get("devices") or []:
+        for raw in devices:
             device = read_device(name, raw)
             if isinstance(device, str):
                 inv.problems.append(f"slice {slice_name}: {device}")
@@ -296,7 +311,8 @@ class Usage:
 
     taken: set[Key] = field(default_factory=set)
     consumed: dict[Key, int] = field(default_factory=dict)
-    left: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (pool, counter set, counter) -> amount
+    left: dict[tuple[str, str, str], Fraction] = field(default_factory=dict)  # (pool, counter set, counter) -> amount
+    counted: bool = False  # counted against an inventory's counter sets: else no counter is checked
 
     @classmethod
     def of(cls, holds: Iterable[ClaimHold], inv: DraInventory | None = None) -> Usage:
@@ -306,6 +322,7 @@ class Usage:
             for key, memory in hold.consumed:
                 usage.consumed[key] = usage.consumed.get(key, 0) + memory
         if inv is not None:
+            usage.counted = True
             for pool in inv.pools.values():
                 for set_name, counters in pool.counter_sets.items():
                     for counter, amount in counters.items():
@@ -318,24 +335,25 @@ class Usage:
         return usage
 
     def copy(self) -> Usage:
-        return Usage(set(self.taken), dict(self.consumed), dict(self.left))
+        return Usage(set(self.taken), dict(self.consumed), dict(self.left), self.counted)
 
     def _consume(self, device: DraDevice) -> None:
         for set_name, counters in device.consumes:
             for counter, amount in counters:
                 key = (device.pool, set_name, counter)
-                self.left[key] = self.left.get(key, 0) - amount
+                self.left[key] = self.left.get(key, Fraction(0)) - amount
 
     def take(self, device: DraDevice) -> None:
         """Count ``device`` taken whole by one more claim (what an allocation of it would do)."""
         self.taken.add(device.key)
-        self._consume(device)
+        if self.counted:
+            self._consume(device)
 
     def counters_allow(self, device: DraDevice) -> bool:
         """Whether what is left of the counter sets ``device`` consumes from holds it (True for a device that
-        consumes none)."""
-        return all(self.left.get((device.pool, set_name, counter), 0) >= amount
-                   for set_name, counters in device.consumes for counter, amount in counters)
+        consumes none, and for a usage not counted against an inventory, which knows no counters)."""
+        return not self.counted or all(self.left.get((device.pool, set_name, counter), 0) >= amount
+                                       for set_name, counters in device.consumes for counter, amount in counters)
 
     def memory_left(self, device: DraDevice) -> int:
         """Memory of ``device`` no claim holds: all of it, none (taken whole, or its counters used up by partitions
@@ -371,9 +389,10 @@ def can_carve(pool: DraPool, usage: Usage) -> dict[str, int]:
 def counted_memory(pool: DraPool, usage: Usage) -> tuple[int, int]:
     """Memory of a pool's partitionable GPUs (their counter sets' ``memory``), and what the carved partitions leave
     of it: what a list of the devices would count many times over."""
-    total = sum(c.get("memory", 0) for c in pool.counter_sets.values())
-    left = sum(usage.left.get((pool.name, name, "memory"), c.get("memory", 0)) for name, c in pool.counter_sets.items())
-    return total, left
+    total = sum((c.get("memory", Fraction(0)) for c in pool.counter_sets.values()), Fraction(0))
+    left = sum((usage.left.get((pool.name, name, "memory"), c.get("memory", Fraction(0)))
+                for name, c in pool.counter_sets.items()), Fraction(0))
+    return int(total), int(left)
 
 
 def carvable(pool: DraPool, usage: Usage) -> int:
@@ -400,6 +419,7 @@ class GpuColumn:
     free: tuple[int, ...]
     shared: bool
     product: str
+    names: tuple[str, ...] = ()  # the devices, in the same order
 
 
 def gpu_column(pools: Iterable[DraPool], usage: Usage) -> GpuColumn | None:
@@ -409,9 +429,9 @@ def gpu_column(pools: Iterable[DraPool], usage: Usage) -> GpuColumn | None:
     kinds = {d.shared for d in devices}
     if len(kinds) != 1:
         return None
-    free = tuple(usage.memory_left(d) * 1000 // d.memory_bytes if d.shared else 1000 * usage.free(d)
+    free = tuple(max(0, usage.memory_left(d)) * 1000 // d.memory_bytes if d.shared else 1000 * usage.free(d)
                  for d in devices)
-    return GpuColumn(free, kinds.pop(), devices[0].product)
+    return GpuColumn(free, kinds.pop(), devices[0].product, tuple(d.name for d in devices))
 
 
 def allocated(claims: Iterable[dict[str, Any]], inv: DraInventory | None = None) -> Usage:

@@ -93,21 +93,22 @@ async def dra_watches(api: Any, state: DraState, freshness: dict[str, Freshness]
         log.info("DRA is on now: the API server serves %s; watching ResourceSlices, ResourceClaims and "
                  "DeviceClasses, on once they are listed", GROUP_VERSION)
 
-    def listed(name: str, reset: Callable[[list[dict[str, Any]]], None]) -> Callable[[list[dict[str, Any]]], None]:
+    def listed(reset: Callable[[list[dict[str, Any]]], None]) -> Callable[[list[dict[str, Any]]], None]:
         def then(items: list[dict[str, Any]]) -> None:
             reset(items)
-            if name not in freshness:  # found late: readiness waits on a watch only once it has listed
-                fresh[name].heard()
-                freshness[name] = fresh[name]
-            if state.synced >= set(state.KINDS):
-                state.enabled = True  # found late: on with all three in, never half-listed
+            if not state.enabled and state.synced >= set(state.KINDS):
+                # found late: on with all three in, never half-listed, and readiness waits on their watches from now
+                for watch in fresh.values():
+                    watch.heard()
+                freshness.update(fresh)
+                state.enabled = True
         return then
 
     await asyncio.gather(
-        list_and_watch(resource.list_resource_slice, listed("resourceslices", state.reset_slices), state.apply_slice,
+        list_and_watch(resource.list_resource_slice, listed(state.reset_slices), state.apply_slice,
                        project=slim_slice, freshness=fresh["resourceslices"], timeout_seconds=window),
-        list_and_watch(resource.list_resource_claim_for_all_namespaces, listed("resourceclaims", state.reset_claims),
+        list_and_watch(resource.list_resource_claim_for_all_namespaces, listed(state.reset_claims),
                        state.apply_claim, project=slim_claim, freshness=fresh["resourceclaims"],
                        timeout_seconds=window),
-        list_and_watch(resource.list_device_class, listed("deviceclasses", state.reset_classes), state.apply_class,
+        list_and_watch(resource.list_device_class, listed(state.reset_classes), state.apply_class,
                        freshness=fresh["deviceclasses"], timeout_seconds=window))

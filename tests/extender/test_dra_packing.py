@@ -161,3 +161,33 @@ def test_the_nodes_dra_serves_a_native_ask_on_follow_the_slices_and_classes() ->
     assert verbs.dra_served(cache.snapshot(), demand) == {"dra-h100-hgx-0"}
     cache.dra.apply_class("DELETED", device_classes()[0])  # nothing maps nvidia.com/gpu to DRA any more
     assert verbs.dra_served(cache.snapshot(), demand) == frozenset()
+
+
+def big_shared(node: str) -> list[dict[str, Any]]:
+    """Two shared GPUs of 81559 MiB (an H100's memory as the driver reports it)."""
+    devices = [shared_gpu(i, H100, 80, f"GPU-{node}-{i}") for i in range(2)]
+    for d in devices:
+        d["capacity"]["memory"]["value"] = "81559Mi"
+    return [resource_slice(node, devices)]
+
+
+def test_a_share_the_rounding_would_put_on_a_device_the_allocator_skips_is_not_scored_there() -> None:
+    # 19999 MiB left on gpu-0 of one node, a 20000 MiB claim: in thousandths both are 245, yet the allocator takes
+    # gpu-1; scored as the exact fill it is not, the node would win
+    edge, fresh = big_shared("dra-edge"), big_shared("dra-fresh")
+    cache = dra_cluster([*edge, *fresh], [held("dra-edge", "gpu-0", memory=f"{81559 - 19999}Mi")])
+    pod = claim_pod("twenty", {"gpuMemory": "20000Mi"}, "dra:shared-nvidia-h100-80gb-hbm3")
+    picks = claims.node_picks(verbs.claim_ladders(cache.snapshot(), pod) or {}, cache.dra.inventory(),
+                              cache.dra.usage(), "dra-edge")
+    assert picks is not None and next(iter(picks.values())).device.name == "gpu-1"  # type: ignore[union-attr]
+    assert ranked(cache, pod, ["dra-edge", "dra-fresh"], teach=3) == ["dra-fresh"]
+    over = dra_cluster(big_shared("dra-over"), [held("dra-over", "gpu-0", memory="90000Mi")])
+    assert row(over, "dra-over")[0] == [0, 1000]  # more consumed than it has: no room, never a negative share
+
+
+def test_a_node_the_fleet_cannot_hold_the_claim_on_puts_every_node_back_to_the_fixed_order() -> None:
+    both = resource_slice("dra-mixed", [shared_gpu(0, T4, 15, "GPU-m0"), gpu(1, T4, 15, "GPU-m1")])
+    cache = dra_cluster([both, shared_t4("dra-t4-shared-0")])
+    pod = claim_pod("third", {"gpuMemory": "5Gi"}, "dra:shared-tesla-t4")
+    out = ranked(cache, pod, ["dra-mixed", "dra-t4-shared-0"])
+    assert set(out) == {"dra-mixed", "dra-t4-shared-0"}  # both ranked, on one scale, neither scored 0

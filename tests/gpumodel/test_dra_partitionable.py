@@ -106,3 +106,24 @@ def test_the_carve_outranks_fullness() -> None:
     assert a is not None and b is not None
     assert (a[2], b[2]) == (2, 0) and a[3] < b[3]  # the carve's loss, and the devices left free
     assert b < a
+
+
+def test_odd_counters_are_reported_exact_amounts_kept_and_shared_partitionable_devices_left_out() -> None:
+    bad = dynamic_h100(split=False)[0]
+    bad["spec"]["sharedCounters"] = 5
+    inv = read_slices([bad])
+    assert inv.pools[NODE].devices == {} and any("sharedCounters and devices must be lists" in p for p in inv.problems)
+    halves = dynamic_h100(split=False)[0]
+    halves["spec"]["sharedCounters"] = [{"name": "s", "counters": {"half": {"value": "1"}}}]
+    two = [d for d in halves["spec"]["devices"] if d["name"] in ("gpu-0-mig-1g10gb-19-0", "gpu-0-mig-1g10gb-19-1")]
+    for d in two:
+        d["consumesCounters"] = [{"counterSet": "s", "counters": {"half": {"value": "500m"}}}]
+    shared = dict(two[1], name="shared", allowMultipleAllocations=True)
+    halves["spec"]["devices"] = [*two, shared]
+    inv = read_slices([halves])
+    usage = Usage.of([], inv)
+    first, second = inv.pools[NODE].devices.values()
+    usage.take(first)
+    assert usage.free(second)  # 500m + 500m of 1: both fit, where rounding each up to 1 would say no
+    assert any("shared device that also consumes counters is not modelled" in p for p in inv.problems)
+    assert Usage().free(first)  # a usage not counted against an inventory checks no counter

@@ -506,7 +506,7 @@ def _device_class(obj: dict[str, Any]) -> tuple[str, str] | None:
 
 def on_node(inv: DraInventory, node: str) -> DraInventory:
     """The pools of one node."""
-    return DraInventory({name: p for name, p in inv.pools.items() if p.node == node})
+    return DraInventory({p.name: p for p in inv.on_node(node)})
 
 
 def node_picks(ladders: dict[str, tuple[Rung, ...]], inv: DraInventory, usage: Usage,
