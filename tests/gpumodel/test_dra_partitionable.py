@@ -4,6 +4,7 @@ leaves the larger partitions possible."""
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -32,8 +33,7 @@ def test_counter_sets_and_what_each_device_consumes_are_read(split: bool) -> Non
     assert pool.counter_sets["gpu-0-counter-set"]["memory-slice-7"] == 1
     three = pool.devices["gpu-1-mig-3g40gb-9-4"]
     assert three.profile == "3g.40gb" and three.consumes == (("gpu-1-counter-set", (
-        ("memory", 40 * 2**30), ("memory-slice-4", 1), ("memory-slice-5", 1), ("memory-slice-6", 1),
-        ("memory-slice-7", 1))),)
+        ("memory", Fraction(40 * 2**30)), *((f"memory-slice-{i}", Fraction(1)) for i in range(4, 8)))),)
     assert len(pool.devices) == 2 * (1 + 7 + 3 + 2 + 1 + 1)  # the whole GPU and every profile at every placement
 
 
