@@ -193,6 +193,22 @@ def placed_together(sku: MigSku, profiles: list[MigProfile]) -> list[tuple[MigPr
     return sorted(found, key=lambda ps: ps[1]) if found is not None else None
 
 
+def layouts(sku: MigSku) -> dict[str, dict[str, int]]:
+    """mig-parted's standard configs for ``sku`` (NVIDIA/mig-parted, the GPU operator's default
+    ``config-default.yaml``): instances of each profile on one GPU. ``all-<profile>`` cuts a GPU into as many of one
+    profile as fit; ``all-balanced`` cuts one of the A100/H100/H200 family into 2 x the smallest 1g profile, 1 x 2g
+    and 1 x 3g (A30: 2 x 1g, 1 x 2g)."""
+    out = {f"all-{p.name}": {p.name: p.max_instances} for p in sku.profiles}
+    by_slices = sorted(sku.profiles, key=lambda p: (p.compute_slices, p.span))
+    one, two = by_slices[0], next(p for p in by_slices if p.compute_slices == 2)
+    if sku.compute_slices == 7:
+        three = next(p for p in by_slices if p.compute_slices == 3)
+        out["all-balanced"] = {one.name: 2, two.name: 1, three.name: 1}
+    else:
+        out["all-balanced"] = {one.name: 2, two.name: 1}
+    return out
+
+
 def uniform_layout(sku: MigSku, instances: dict[str, int], gpus: int) -> dict[str, int] | None:
     """Instances of each profile on one GPU, when ``gpus`` GPUs cut the same way hold ``instances``
     (profile name -> instances on the node); None when the counts do not split evenly over the GPUs or

@@ -42,7 +42,7 @@ from gpu_tailor.gpumodel.devices.dra import (
 )
 from gpu_tailor.gpumodel.dra import DRIVER, DraInventory, Usage, read_slices
 from gpu_tailor.gpumodel.fleet import MILLI
-from gpu_tailor.gpumodel.mig import H100_80GB, MigSku, placed_together
+from gpu_tailor.gpumodel.mig import H100_80GB, MigSku, layouts, placed_together
 from gpu_tailor.simulate.trace import TracePod, _curve, arrivals
 
 LAYOUTS = ("dynamic", "all-1g.10gb", "all-balanced")
@@ -53,9 +53,7 @@ GIB = 2**30
 
 def static_layout(sku: MigSku, name: str) -> list[tuple[str, int]]:
     """A static layout of mig-parted's standard names on one GPU, as (profile, start): ``all-<profile>`` as many of
-    the profile as fit, ``all-balanced`` 2 x 1g, 1 x 2g, 1 x 3g (``tools.migadvice.layouts``)."""
-    from gpu_tailor.tools.migadvice import layouts
-
+    the profile as fit, ``all-balanced`` 2 x 1g, 1 x 2g, 1 x 3g (``mig.layouts``)."""
     counts = layouts(sku).get(name)
     if counts is None:
         raise ValueError(f"unknown MIG layout {name!r}: expected one of {', '.join(LAYOUTS)}")

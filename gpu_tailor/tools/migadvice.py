@@ -22,6 +22,7 @@ from typing import Any
 from gpu_tailor.extender.snapshot import NodeInfo
 from gpu_tailor.gpumodel import labels, mig
 from gpu_tailor.gpumodel.devices.base import BackingKind, HealthState
+from gpu_tailor.gpumodel.mig import layouts
 from gpu_tailor.gpumodel.report import parse_time
 from gpu_tailor.gpumodel.resources import ResourceKind, parse_resource
 from gpu_tailor.gpumodel.schedule import demand_of
@@ -53,19 +54,6 @@ class Advice:
         return (f"{self.product} ({self.sku}): label {', '.join(self.nodes)} {labels.MIG_CONFIG}={self.config} "
                 f"({', '.join(f'{n} x {p}' for p, n in self.layout.items())} per GPU): places {self.places} of "
                 f"{self.pending} Pending MIG pod(s){recent}, re-cuts {self.gpus_recut} GPU(s)")
-
-
-def layouts(sku: mig.MigSku) -> dict[str, dict[str, int]]:
-    """mig-parted's standard configs for ``sku``: instances of each profile on one GPU."""
-    out = {f"all-{p.name}": {p.name: p.max_instances} for p in sku.profiles}
-    by_slices = sorted(sku.profiles, key=lambda p: (p.compute_slices, p.span))
-    one, two = by_slices[0], next(p for p in by_slices if p.compute_slices == 2)
-    if sku.compute_slices == 7:
-        three = next(p for p in by_slices if p.compute_slices == 3)
-        out["all-balanced"] = {one.name: 2, two.name: 1, three.name: 1}
-    else:
-        out["all-balanced"] = {one.name: 2, two.name: 1}
-    return out
 
 
 def _mig_profile(resource: str) -> str | None:

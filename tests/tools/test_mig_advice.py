@@ -7,9 +7,10 @@ import copy
 from typing import Any
 
 from gpu_tailor.gpumodel import labels, mig
+from gpu_tailor.gpumodel.mig import layouts
 from gpu_tailor.tools.capacity import capacity, table
 from gpu_tailor.tools.explain import explain
-from gpu_tailor.tools.migadvice import layouts, recent_demand
+from gpu_tailor.tools.migadvice import recent_demand
 from gpu_tailor.tools.source import Cluster
 from gpu_tailor.webhook.config import AdmissionPolicy
 from tests.conftest import node_fixture
