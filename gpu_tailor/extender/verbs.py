@@ -316,23 +316,24 @@ def _claim_scores(snap: Snapshot, names: list[str], ladders: claims.Ladders,
     shape, shared = fitted
     fleet, inv, usage = snap.fleet, snap.dra.inventory(), snap.dra.usage()
     pooled = inv.nodes()
-    known = [n for n in names if n in pooled]
-    picked: list[claims.Pick | None] = []
-    for n in known:
-        picks = claims.node_picks(ladders, inv, usage, n)
+    known: list[str] = []  # the candidates the allocator can serve now, and its pick there
+    picked: list[claims.Pick] = []
+    for n in names:
+        picks = claims.node_picks(ladders, inv, usage, n) if n in pooled else None
         pick = next(iter(picks.values())) if picks else None
-        if pick is not None and (n not in fleet.index or fleet.pick[fleet.index[n]] != PICK_FIRST
-                                 or pick.device.shared != shared):
+        if pick is None:
+            continue
+        if n not in fleet.index or fleet.pick[fleet.index[n]] != PICK_FIRST or pick.device.shared != shared:
             return None
+        known.append(n)
         picked.append(pick)
-    rows = np.array([fleet.index[n] if p is not None else 0 for n, p in zip(known, picked, strict=True)], np.int64)
-    ok = np.array([p is not None for p in picked], bool)
+    rows = np.array([fleet.index[n] for n in known], np.int64)
     scores, gpu = snap.policy.node_scores(shape, rows) if len(rows) else (np.zeros(0), np.zeros(0, np.int64))
-    ok &= ~np.isnan(scores)
+    ok = ~np.isnan(scores)
     if shared:  # the share's device as the fleet rounds it is the allocator's: else its score is not the pick's
         for i in np.flatnonzero(ok):
-            column, pick = gpu_column(inv.on_node(known[i]), usage), picked[i]
-            ok[i] = column is not None and pick is not None and int(gpu[i]) == column.names.index(pick.device.name)
+            column = gpu_column(inv.on_node(known[i]), usage)
+            ok[i] = column is not None and int(gpu[i]) == column.names.index(picked[i].device.name)
     policy = snap.policy
     whole = shape if policy.keep_whole_nodes else None
     final = extender_scores(scores, ok, tie_order(fleet, rows, True, whole, policy.tie_keys))

@@ -343,6 +343,10 @@ class Usage:
                 key = (device.pool, set_name, counter)
                 self.left[key] = self.left.get(key, Fraction(0)) - amount
 
+    def share(self, device: DraDevice, memory: int) -> None:
+        """Count ``memory`` of shared ``device`` consumed by one more claim."""
+        self.consumed[device.key] = self.consumed.get(device.key, 0) + memory
+
     def take(self, device: DraDevice) -> None:
         """Count ``device`` taken whole by one more claim (what an allocation of it would do)."""
         self.taken.add(device.key)

@@ -329,11 +329,11 @@ def candidates(fleet: Fleet, shape: Shape, rows: Array) -> PlacementCandidates:
         # GPUs of one node with the same free share are interchangeable: keep the lowest index
         _, first = np.unique(i * (MILLI + 1) + before, return_index=True)
         i, g, before = i[first], g[first], before[first]
-        first = fleet.pick[rows[i]] == PICK_FIRST
-        if first.any():  # the allocator's pick: the lowest GPU with room (unique kept the lowest of each share)
+        allocator = fleet.pick[rows[i]] == PICK_FIRST
+        if allocator.any():  # the allocator's pick: the lowest GPU with room (unique kept the lowest of each share)
             lowest = np.full(len(rows), fleet.width, np.int64)
             np.minimum.at(lowest, i, g)
-            keep = ~first | (g == lowest[i])
+            keep = ~allocator | (g == lowest[i])
             i, g, before = i[keep], g[keep], before[keep]
         pick = np.where(shape.milli <= fleet.step[rows[i]], fleet.pick[rows[i]], PICK_ANY)
         if pick.any():  # where the device plugin picks the GPU of one replica, that GPU is the only placement

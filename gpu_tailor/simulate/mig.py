@@ -35,6 +35,7 @@ from gpu_tailor.gpumodel.devices.dra import (
     GPU_CLASS,
     MIG_CLASS,
     DraRefusal,
+    allocate,
     claim_preference,
     ladders_for,
     node_picks,
@@ -186,9 +187,8 @@ def run(layout: str, scheduler: str, pods: list[TracePod], seed: int, nodes: int
             assert picks is not None
             for pick in picks.values():
                 assert pick is not None
-                for device in pick.devices:
-                    usage.take(device)
-                    out.carved[device.profile or "whole GPU"] += 1
+                allocate(usage, pick)
+                out.carved.update(d.profile or "whole GPU" for d in pick.devices)
             placed_on[chosen] += 1
             used += pod.shape.gpu_milli
         pct = math.floor(arrived * 100 / capacity + 0.5)

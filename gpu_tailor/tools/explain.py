@@ -176,7 +176,7 @@ def _nvlink(topology: Any, gpus: list[int], demand: Demand) -> str:
 def _allocated(pick: claims.Pick) -> str:
     """What the allocator gives one request: ``1 x NVIDIA H100 80GB HBM3 (80Gi) -> device gpu-0``, or
     ``-> devices gpu-2, gpu-3`` for several."""
-    names = [d.name for d in pick.devices] or [pick.device.name]
+    names = [d.name for d in pick.devices]
     return f"{pick.rung.describe()} -> device{'s' if len(names) > 1 else ''} {', '.join(names)}"
 
 

@@ -197,7 +197,7 @@ class Pick:
     rung: Rung
     position: int
     device: DraDevice
-    devices: tuple[DraDevice, ...] = ()
+    devices: tuple[DraDevice, ...]
 
     @property
     def node_pool(self) -> str:
@@ -323,17 +323,28 @@ def _picks(ladders: dict[str, tuple[Rung, ...]], inv: DraInventory, usage: Usage
                 for d in best[2]:  # one by one, as the allocator does: partitions of one GPU share its counters
                     if len(taken) == rung.count:
                         break
-                    if rung.kind is RungKind.SHARED:
-                        left.consumed[d.key] = left.consumed.get(d.key, 0) + rung.request_bytes
-                        taken.append(d)
-                    elif left.free(d):
-                        left.take(d)
+                    if rung.kind is RungKind.SHARED or left.free(d):
+                        _allocate(left, rung, d)
                         taken.append(d)
                 if len(taken) < rung.count:
                     continue
                 out[key] = Pick(rung, position, taken[0], tuple(taken))
                 break
     return out
+
+
+def _allocate(usage: Usage, rung: Rung, device: DraDevice) -> None:
+    """Count ``device`` allocated to a request of ``rung``: its memory share where the rung shares, else all of it."""
+    if rung.kind is RungKind.SHARED:
+        usage.share(device, rung.request_bytes)
+    else:
+        usage.take(device)
+
+
+def allocate(usage: Usage, pick: Pick) -> None:
+    """Count what ``pick`` would be allocated in ``usage``, as the allocator's allocation of it will."""
+    for device in pick.devices:
+        _allocate(usage, pick.rung, device)
 
 
 def fleet_shape(ladders: Ladders, cpu_milli: int, memory_mib: int) -> tuple[Shape, bool] | None:
@@ -535,11 +546,7 @@ def _preference(picks: dict[str, Pick | None], pools: DraInventory, usage: Usage
     chosen = [p for p in picks.values() if p is not None]
     after = usage.copy()
     for pick in chosen:
-        for d in pick.devices or (pick.device,):
-            if pick.rung.kind is RungKind.SHARED:
-                after.consumed[d.key] = after.consumed.get(d.key, 0) + pick.rung.request_bytes
-            else:
-                after.take(d)
+        allocate(after, pick)
     loss = sum(carvable(p, usage) - carvable(p, after) for p in pools.pools.values())
     free = sum(1 for p in pools.pools.values() for d in p.devices.values() if after.free(d))
     return (sum(p.position for p in chosen), sum((p.rung.consumed for p in chosen), Fraction(0)), loss, free)
