@@ -33,6 +33,13 @@ def _cluster_source(p: argparse.ArgumentParser) -> None:
                      help="offline: a JSON or YAML List as printed by 'kubectl get nodes,pods -A -o json'")
 
 
+def _dra(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dra", choices=("auto", "off"), default="auto",
+                   help="auto (default): also read NVIDIA's DRA pools where the API server serves resource.k8s.io/v1 "
+                        "(asked again every minute until it does); off: device-plugin pools only, and no list or "
+                        "watch of resource.k8s.io (its RBAC rules can go)")
+
+
 def _drain(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain", type=float, default=2.0, metavar="SECONDS",
                    help="on SIGTERM: answer /readyz 503 but keep serving this long, then let requests in "
@@ -76,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     wh.add_argument("--watch-window", type=int, default=60, metavar="SECONDS",
                     help="how long each watch asks the API server to keep it open; the view counts as stale (a "
                          "warning on GPU pods, never unready) after twice this plus 15 s without news")
+    _dra(wh)
     _drain(wh)
     _cluster_source(wh)
 
@@ -95,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--scheduler-healthz", metavar="URL",
                     help="/livez also asks the kube-scheduler beside it (e.g. https://127.0.0.1:10259/healthz): "
                          "kube-scheduler's liveness probe asks /livez")
+    _dra(ex)
     _drain(ex)
     _cluster_source(ex)
 

@@ -159,6 +159,23 @@ def test_the_extender_config_the_chart_writes_is_one_the_extender_reads(tmp_path
     assert (settings.ties, settings.prior.floor) == ("whole", 0.002)
 
 
+@pytest.mark.parametrize("certificates", ["self", "cert-manager"])
+def test_with_dra_off_both_services_are_told_and_granted_nothing_of_resource_k8s_io(certificates: str) -> None:
+    """``dra: off``: ``--dra off`` on the webhook and the extender, and no RBAC rule on ``resource.k8s.io``; the default
+    (``auto``) grants what the DRA watches and the claim templates need."""
+    def dra_rules(objs: dict[Key, Obj]) -> list[Obj]:
+        return [r for (kind, _, _), o in objs.items() if kind in ("ClusterRole", "Role")
+                for r in o.get("rules") or [] if "resource.k8s.io" in r.get("apiGroups", [])]
+
+    auto = rendered("--set", f"certificates={certificates}")
+    off = rendered("--set", f"certificates={certificates}", "--set", "dra=off")
+    webhook, extender = container(off, "gpu-tailor-webhook", "webhook"), container(off, "gpu-tailor-scheduler", "extender")
+    assert webhook["args"][-2:] == extender["args"][-2:] == ["--dra", "off"]
+    assert "--dra" not in container(auto, "gpu-tailor-webhook", "webhook")["args"]
+    assert not dra_rules(off) and len(dra_rules(auto)) == 3
+    assert set(auto) == set(off)  # the same objects otherwise
+
+
 def test_a_webhook_run_outside_the_cluster_is_called_at_its_url_on_each_entrys_path() -> None:
     """``webhook.url``: what the end-to-end helm test installs (its webhook runs beside a control plane)."""
     hooks = rendered("--set", "webhook.url=https://127.0.0.1:9443")[
@@ -170,6 +187,7 @@ def test_a_webhook_run_outside_the_cluster_is_called_at_its_url_on_each_entrys_p
 
 @pytest.mark.parametrize(("setting", "says"), [("webhook.failurePolicy=Maybe", "/webhook/failurePolicy"),
                                                ("certificates=letsencrypt", "/certificates"),
+                                               ("dra=false", "/dra"),
                                                ("scheduler.image.tag=latest", "/scheduler/image/tag"),
                                                ("scheduler.image.tag=v1.37.0", "/scheduler/image/tag"),
                                                ("nameOverride=GPU", "/nameOverride"),

@@ -73,7 +73,7 @@ async def serve(args: argparse.Namespace) -> None:
     app = make_app(cache, max_body=settings.maxBodyMiB * 2**20, unhealthy_after=args.unhealthy_after,
                    scheduler_healthz=args.scheduler_healthz, probes_port=probes_port)
     if not args.cluster_file:
-        app.cleanup_ctx.append(watch_ctx(cache, args.kubeconfig, args.in_cluster))
+        app.cleanup_ctx.append(watch_ctx(cache, args.kubeconfig, args.in_cluster, dra=args.dra != "off"))
     ssl_ctx, reloader = None, None
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):

@@ -476,36 +476,44 @@ async def _raw(call: Awaitable[Any]) -> tuple[int, bytes]:
         resp.release()
 
 
-def watch_ctx(cache: Cache, kubeconfig: str | None, in_cluster: bool) -> Any:
+def watches(api: Any, cache: Cache, dra: bool = True) -> list[Coroutine[Any, Any, None]]:
+    """The cache's writers: nodes, the pods that can hold GPUs, the node agents' reports, and with ``dra`` NVIDIA's
+    DRA pools where the API server serves them."""
+    from kubernetes_asyncio import client
+
+    from gpu_tailor.kube.dra import dra_watches
+    from gpu_tailor.kube.freshness import Freshness
+    from gpu_tailor.kube.reports import report_watch
+    from gpu_tailor.kube.watch import list_and_watch
+
+    core = client.CoreV1Api(api)
+    nodes = cache.freshness["nodes"] = Freshness(cache.clock)
+    pods = cache.freshness["pods"] = Freshness(cache.clock)
+    # Finished pods hold nothing, so the API server is asked not to send them: a pod that
+    # succeeds or fails leaves the selection, and the watch reports it DELETED.
+    active = functools.partial(core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
+    # on until discovery says the API server serves no resource.k8s.io/v1; off for good with ``--dra off``
+    cache.dra.enabled = dra
+    return [*([dra_watches(api, cache.dra, cache.freshness)] if dra else []),
+            report_watch(api, cache.reset_reports, cache.apply_report, cache.freshness),
+            list_and_watch(core.list_node, None, cache.apply_node, relist=cache.relist_nodes,
+                           project=node_fields, freshness=nodes, page=NODE_PAGE, freeze_gc=True),
+            list_and_watch(active, None, cache.apply_pod, relist=cache.relist_pods,
+                           project=PodProjector(cache.holds_version),
+                           freshness=pods, freeze_gc=True)]
+
+
+def watch_ctx(cache: Cache, kubeconfig: str | None, in_cluster: bool, dra: bool = True) -> Any:
+    """The API client's life: the watches (``watches``), the binder and the recorder."""
+
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        from kubernetes_asyncio import client
-
-        from gpu_tailor.kube.dra import dra_watches
-        from gpu_tailor.kube.freshness import Freshness
-        from gpu_tailor.kube.reports import report_watch
-        from gpu_tailor.kube.watch import list_and_watch, watching
-
-        def watches(api: Any) -> list[Coroutine[Any, Any, None]]:
-            core = client.CoreV1Api(api)
-            nodes = cache.freshness["nodes"] = Freshness(cache.clock)
-            pods = cache.freshness["pods"] = Freshness(cache.clock)
-            # Finished pods hold nothing, so the API server is asked not to send them: a pod that
-            # succeeds or fails leaves the selection, and the watch reports it DELETED.
-            active = functools.partial(core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
-            cache.dra.enabled = True  # until discovery says the API server serves no resource.k8s.io/v1
-            return [dra_watches(api, cache.dra, cache.freshness),
-                    report_watch(api, cache.reset_reports, cache.apply_report, cache.freshness),
-                    list_and_watch(core.list_node, None, cache.apply_node, relist=cache.relist_nodes,
-                                   project=node_fields, freshness=nodes, page=NODE_PAGE, freeze_gc=True),
-                    list_and_watch(active, None, cache.apply_pod, relist=cache.relist_pods,
-                                   project=PodProjector(cache.holds_version),
-                                   freshness=pods, freeze_gc=True)]
+        from gpu_tailor.kube.watch import watching
 
         # what the process made to start: frozen once, so that the collections the watches' freezes start
         # with (kube.watch) visit only what came after
         gc.collect()
         gc.freeze()
-        async with watching(kubeconfig, in_cluster, watches) as api:
+        async with watching(kubeconfig, in_cluster, lambda api: watches(api, cache, dra)) as api:
             binder = ApiBinder(api)
             app[BINDER].binder = binder
             app[RECORDER].patch = binder.patch_pod

@@ -42,7 +42,8 @@ async def serve(args: argparse.Namespace) -> None:
     if args.cluster_file:
         app.cleanup_ctx.append(cluster_file_ctx(args.cluster_file))
     else:
-        app.cleanup_ctx.append(watch_ctx(args.kubeconfig, args.in_cluster, kept, args.watch_window))
+        app.cleanup_ctx.append(watch_ctx(args.kubeconfig, args.in_cluster, kept, args.watch_window,
+                                         dra=args.dra != "off"))
     if kept is not None:
         ctx, reloader = kept.ctx, None  # the keeper reloads it
     else:

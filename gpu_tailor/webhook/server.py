@@ -287,8 +287,10 @@ class KeptCerts:
     interval: float
 
 
-def watches(api: Any, view: ClusterView, window: int = WATCH_WINDOW) -> list[Coroutine[Any, Any, None]]:
-    """The view's two writers: nodes, and the pods that can hold GPUs (``state.ACTIVE_PODS``)."""
+def watches(api: Any, view: ClusterView, window: int = WATCH_WINDOW,
+            dra: bool = True) -> list[Coroutine[Any, Any, None]]:
+    """The view's writers: nodes, the pods that can hold GPUs (``state.ACTIVE_PODS``), and with ``dra`` NVIDIA's DRA
+    pools where the API server serves them."""
     from kubernetes_asyncio import client
 
     from gpu_tailor.kube.dra import dra_watches
@@ -299,24 +301,25 @@ def watches(api: Any, view: ClusterView, window: int = WATCH_WINDOW) -> list[Cor
     pods = functools.partial(core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
     fresh_nodes = view.freshness["nodes"] = Freshness()
     fresh_pods = view.freshness["pods"] = Freshness()
-    view.dra.enabled = True  # until discovery says the API server serves no resource.k8s.io/v1
+    # on until discovery says the API server serves no resource.k8s.io/v1; off for good with ``--dra off``
+    view.dra.enabled = dra
     return [list_and_watch(core.list_node, view.reset_nodes, view.apply_node, project=node_fields,
                            freshness=fresh_nodes, timeout_seconds=window),
             list_and_watch(pods, None, view.apply_pod, relist=view.relist_pods, project=slim_pod,
                            freshness=fresh_pods, timeout_seconds=window),
-            dra_watches(api, view.dra, view.freshness, window)]
+            *([dra_watches(api, view.dra, view.freshness, window)] if dra else [])]
 
 
 def watch_ctx(kubeconfig: str | None, in_cluster: bool, kept: KeptCerts | None = None,
-              window: int = WATCH_WINDOW) -> Any:
-    """The API client's life: the node and pod watches, and with ``kept`` the certificate keeper, whose first
+              window: int = WATCH_WINDOW, dra: bool = True) -> Any:
+    """The API client's life: the watches (``watches``), and with ``kept`` the certificate keeper, whose first
     sync completes before the server listens (startup runs before the site starts)."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         from gpu_tailor.kube.certkeeper import ApiCertStore, CertKeeper
         from gpu_tailor.kube.watch import watching
 
-        async with watching(kubeconfig, in_cluster, lambda api: watches(api, app[VIEW], window)) as api:
+        async with watching(kubeconfig, in_cluster, lambda api: watches(api, app[VIEW], window, dra)) as api:
             app[TEMPLATES].create = api_template_creator(api)
             app[REPORTS].pods = api_pod_lookup(api)
             if kept is None:

@@ -12,10 +12,15 @@ from typing import Any
 from aiohttp import web
 from kubernetes_asyncio import client
 
+from gpu_tailor.extender import server as extender
+from gpu_tailor.extender.cache import Cache
 from gpu_tailor.gpumodel.devices.dra import DraState
 from gpu_tailor.kube.dra import dra_watches
 from gpu_tailor.kube.freshness import Freshness
 from tests.gpumodel.dra_slices import device_classes, hgx
+from gpu_tailor.webhook import server as webhook
+from gpu_tailor.webhook.config import AdmissionPolicy
+from gpu_tailor.webhook.state import ClusterView
 from tests.kube.fakeapi import serving
 
 BASE = "/apis/resource.k8s.io/v1"
@@ -44,6 +49,15 @@ class Served:
                                                  "kind": v[:-4], "verbs": ["list", "watch"]}
                                                 for k, v in KINDS.items()]})
 
+    async def core(self, request: web.Request) -> web.StreamResponse:
+        """Nodes, pods and gpu-tailor's reports: empty lists, idle watches."""
+        path = request.path
+        self.asked.append(f"{path} {'watch' if request.query.get('watch') == 'true' else 'list'}")
+        if request.query.get("watch") == "true":
+            await asyncio.Event().wait()
+        return web.json_response({"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": "3"},
+                                  "items": []})
+
     async def listing(self, request: web.Request) -> web.StreamResponse:
         kind = request.match_info["kind"]
         watch = request.query.get("watch") == "true"
@@ -62,6 +76,8 @@ async def api_server(served: Served) -> AsyncIterator[client.ApiClient]:
     app.router.add_get(BASE + "/", served.discovery)
     app.router.add_get(BASE, served.discovery)
     app.router.add_get(BASE + "/{kind}", served.listing)
+    app.router.add_get("/api/v1/{kind}", served.core)
+    app.router.add_get("/apis/gpu-tailor.io/{version}/{kind}", served.core)
     async with serving(app) as api:
         yield api
 
@@ -112,3 +128,31 @@ async def test_a_cluster_that_serves_dra_at_start_is_unready_until_it_is_listed(
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_with_dra_off_the_services_never_ask_for_resource_k8s_io() -> None:
+    """``--dra off``: on a cluster that serves DRA, neither service asks for it, and both stay on device-plugin
+    pools with nothing of DRA to wait on; with ``auto`` (the default) the same cluster's DRA is read."""
+    for dra in (True, False):
+        served = Served()
+        served.group = True
+        cache, view = Cache(), ClusterView(AdmissionPolicy())
+        async with api_server(served) as api:
+            tasks = [asyncio.create_task(w) for w in [*extender.watches(api, cache, dra),
+                                                        *webhook.watches(api, view, dra=dra)]]
+            try:
+                lists = ("/api/v1/nodes list", "/api/v1/pods list")
+                await asyncio.wait_for(until(lambda: all(served.asked.count(k) == 2 for k in lists)), 10)
+                if dra:
+                    await asyncio.wait_for(until(lambda: cache.dra.enabled and view.dra.enabled
+                                                 and cache.dra.ready and view.dra.ready), 10)
+                    assert served.asked.count("discovery") == 2
+                    continue
+                assert not [a for a in served.asked if "resource" in a or a == "discovery"]
+                assert not cache.dra.enabled and not view.dra.enabled
+                assert not set(KINDS) & (set(cache.freshness) | set(view.freshness))  # readiness waits on none
+                assert not cache.dra.inventory().pools and not view.dra.inventory().pools
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
