@@ -15,7 +15,8 @@ doing nothing (the client's share is in both).
                                       [--dra 100]
 
 ``--dra N`` also replays with N of the nodes publishing their GPUs through NVIDIA's DRA driver (no GPU allocatable,
-the driver's DeviceClasses, ``nvidia.com/gpu`` served by DRA there): what DRA's state and scoring add per pod.
+the driver's DeviceClasses, ``nvidia.com/gpu`` served by DRA there): what DRA's state and scoring add per pod. A pod
+bound to one of them has its claim allocated (the watch's event of it applied), as kube-scheduler would.
 
 ``--profile N`` runs gpu-tailor's replay under cProfile (which slows it, so the CPU figures above come from a run
 without it) and prints the N functions that spend the most CPU of their own, per pod: where the extender's time goes
@@ -70,6 +71,14 @@ def pod(i: int, rv: int, node_name: str = "", gpus: str | None = None) -> dict[s
             "status": {"phase": "Pending"}}
 
 
+def claim(i: int, node_name: str, device: int) -> dict[str, Any]:
+    """Pod ``i``'s claim as kube-scheduler allocates it for ``nvidia.com/gpu`` served by DRA (KEP-5004)."""
+    return {"metadata": {"name": f"p{i}-gpu", "namespace": "bench", "uid": str(uuid.UUID(int=10**9 + i))},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "container-0-request-0", "driver": "gpu.nvidia.com", "pool": node_name,
+                 "device": f"gpu-{device}"}]}}}}
+
+
 class Binder:
     """Takes every Binding, remembers the GPUs (what the API server would write on the pod)."""
 
@@ -106,6 +115,8 @@ async def replay(app: web.Application, cache: Cache | None, binder: Binder | Non
     server = TestServer(app)
     await server.start_server()
     try:
+        dra_nodes = dict.fromkeys(cache.dra.inventory().nodes(), 0) if cache is not None and cache.dra.enabled \
+            else {}  # node -> the claims allocated there so far
         async with ClientSession() as http:
             url = str(server.make_url("")).rstrip("/")
             start = time.process_time()
@@ -123,6 +134,11 @@ async def replay(app: web.Application, cache: Cache | None, binder: Binder | Non
                 if binder is None or cache is None:
                     continue
                 best = max(scores, key=lambda s: s["Score"])["Host"]
+                if best in dra_nodes:  # kube-scheduler allocates the pod's claim (the allocator's first free GPU)
+                    cache.dra.apply_claim("ADDED", claim(i, best, dra_nodes[best]))  # and binds: nothing to record
+                    dra_nodes[best] += 1
+                    cache.apply_pod("MODIFIED", json.loads(json.dumps(pod(i, 2 * i + 1, best))))
+                    continue
                 if recorder is not None:  # kube-scheduler binds; the record is written after, and the watch shows both
                     cache.apply_pod("MODIFIED", json.loads(json.dumps(pod(i, 2 * i + 1, best))))
                     taken = recorder.take()
@@ -206,7 +222,7 @@ async def main(args: argparse.Namespace) -> None:
 async def profile(args: argparse.Namespace, names: list[str]) -> None:
     """gpu-tailor's replay again (kube-scheduler binding), on a fresh cache, under cProfile: the functions with the
     most CPU of their own."""
-    cache, binder, recorder = fresh(names)
+    cache, binder, recorder = fresh(names, args.dra)
     profiler = cProfile.Profile()
     profiler.enable()
     await replay(make_app(cache, binder), cache, binder, args, names, recorder)

@@ -94,19 +94,31 @@ async def to_dra(kubeconfig: str, names: list[str]) -> None:
             await resource.create_device_class(cls)
 
 
-async def claims(kubeconfig: str, namespace: str, delete: bool) -> int:
-    """The allocated ResourceClaims in ``namespace`` (kube-scheduler's, one per pod it placed on a DRA node); with
-    ``delete``, all of them deleted after counting."""
+async def claims(kubeconfig: str, namespace: str, label: str | None) -> int:
+    """The ResourceClaims kube-scheduler made for run ``label``'s pods (one per pod it placed on a DRA node); with
+    ``label`` None, every claim in ``namespace`` is deleted instead, its finalizer taken off first (no
+    controller-manager runs to release the devices of deleted pods' claims), and their count returned."""
     from kubernetes_asyncio import client, config
 
     await config.load_kube_config(kubeconfig)
     async with client.ApiClient() as api:
         resource = client.ResourceV1Api(api)
         items = (await resource.list_namespaced_resource_claim(namespace)).items
-        allocated = sum(1 for c in items if c.status and c.status.allocation)
-        if delete and items:
-            await resource.delete_collection_namespaced_resource_claim(namespace)
-        return allocated
+        if label is not None:
+            prefix = f"p-{label.lower()}-"  # schedbench's pod names
+            return sum(1 for c in items if any(o.name.startswith(prefix) for o in c.metadata.owner_references or []))
+        gate = asyncio.Semaphore(32)
+
+        async def gone(name: str) -> None:
+            async with gate:
+                await resource.patch_namespaced_resource_claim(name, namespace, {"metadata": {"finalizers": None}})
+                await resource.delete_namespaced_resource_claim(name, namespace)
+
+        await asyncio.gather(*(gone(c.metadata.name) for c in items))
+        left = (await resource.list_namespaced_resource_claim(namespace)).items
+        if left:
+            raise SystemExit(f"{len(left)} ResourceClaims of earlier runs are still there")
+        return len(items)
 
 
 def run_one(args: argparse.Namespace, env: dict[str, str], out: Path, cfg: str, label: str, first: bool,
@@ -120,7 +132,7 @@ def run_one(args: argparse.Namespace, env: dict[str, str], out: Path, cfg: str, 
         sh(*driver, "setup", "--nodes", str(args.nodes), env=env)
     if layout == "dra":
         sh(*driver, "cleanup", env=env, quiet=True)  # pods first, then the claims they held
-        asyncio.run(claims(f"{k}/kubeconfig", NS, delete=True))
+        asyncio.run(claims(f"{k}/kubeconfig", NS, None))
     log = open(out / f"ext-{label}.out", "w")  # noqa: SIM115  # the extender's log, closed with the process
     if cfg == "B":
         ext = subprocess.Popen([sys.executable, str(SCHEDBENCH / "extender.py")], stdout=log, stderr=log,
@@ -135,7 +147,7 @@ def run_one(args: argparse.Namespace, env: dict[str, str], out: Path, cfg: str, 
     try:
         sh(*driver, "run", "--label", label, "--config", cfg, "--nodes", str(args.nodes), "--pods", str(args.pods),
            "--out", str(out / "results.jsonl"), *ext_args, env=env)
-        on_dra = asyncio.run(claims(f"{k}/kubeconfig", NS, delete=False)) if layout == "dra" else 0
+        on_dra = asyncio.run(claims(f"{k}/kubeconfig", NS, label)) if layout == "dra" else 0
     finally:
         ext.terminate()
         ext.wait(30)
@@ -183,7 +195,7 @@ def main() -> int:
 
     print(f"\nschedbench on {version}: {args.nodes} nodes, {args.pods} pods per run; dra: "
           f"{round(args.nodes * args.dra_share)} of the nodes on NVIDIA's DRA driver")
-    print(f"{'layout':8} {'run':8} {'pods/s':>7} {'claims':>7} {'ext cores':>9}")
+    print(f"{'layout':8} {'run':8} {'pods/s':>7} {'on DRA':>7} {'ext cores':>9}")
     for layout, rows in results.items():
         for row in rows:
             cores = (row.get("cpu") or {}).get("extender", {}).get("cores")

@@ -169,7 +169,8 @@ def test_with_dra_off_both_services_are_told_and_granted_nothing_of_resource_k8s
 
     auto = rendered("--set", f"certificates={certificates}")
     off = rendered("--set", f"certificates={certificates}", "--set", "dra=off")
-    webhook, extender = container(off, "gpu-tailor-webhook", "webhook"), container(off, "gpu-tailor-scheduler", "extender")
+    webhook = container(off, "gpu-tailor-webhook", "webhook")
+    extender = container(off, "gpu-tailor-scheduler", "extender")
     assert webhook["args"][-2:] == extender["args"][-2:] == ["--dra", "off"]
     assert "--dra" not in container(auto, "gpu-tailor-webhook", "webhook")["args"]
     assert not dra_rules(off) and len(dra_rules(auto)) == 3

@@ -128,6 +128,7 @@ class Cache:
         self.freshness: dict[str, Freshness] = {}  # per watched resource, when watches keep the cache
         self.dra = DraState(enabled=False)  # DRA pools; on where the watches find resource.k8s.io/v1
         self._last_generation = 0
+        self.node_layout = 0  # counts nodes added, removed, or changed in kind: where DRA may serve a native resource
         self._dra_written: tuple[DraState, int] | None = None  # the DRA state and version the DRA rows were written at
         self._dra_nodes: set[str] = set()  # the nodes with DRA pools then
         self._dirty: set[str] = set()  # nodes changed since the last snapshot
@@ -160,19 +161,24 @@ class Cache:
         self._dra_changed()
         self.refresh()
         return Snapshot(self._view, self.fleet, self.policy, frozenset(self._degraded), self.verdicts, self.ready,
-                        self.dra, self._last_generation)
+                        self.dra, self._last_generation, self.node_layout)
 
     def _dra_changed(self) -> None:
-        """After DRA slices or claims change, the fleet rows of the nodes with DRA pools (before or now) are written
-        again: their GPUs are the DRA devices (``_refresh``)."""
+        """After DRA slices or claims change, the fleet rows of the nodes they changed are written again: their GPUs
+        are the DRA devices (``_refresh``). A claim allocated or released changes its devices' nodes alone; slices or
+        classes changing, or a new DraState, any node with DRA pools (before or now)."""
         dra = self.dra
         if not dra.enabled or (self._dra_written is not None and self._dra_written[0] is dra
                                and self._dra_written[1] == dra.version):
             return
+        changed = dra.changed_since(self._dra_written[1]) \
+            if self._dra_written is not None and self._dra_written[0] is dra else None
         self._dra_written = (dra, dra.version)
-        now = dra.inventory().nodes()
-        self._dirty.update(n for n in now | self._dra_nodes if n in self.nodes)
-        self._dra_nodes = now
+        if changed is None:
+            now = dra.inventory().nodes()
+            changed = now | self._dra_nodes
+            self._dra_nodes = now
+        self._dirty.update(n for n in changed if n in self.nodes)
 
     def refresh(self, limit: int | None = None) -> int:
         """Copy up to ``limit`` changed nodes (all of them by default) into the read side, as the next
@@ -332,6 +338,7 @@ class Cache:
             if self.nodes.pop(name, None) is not None:
                 self.generation.pop(name, None)
                 self.kind_of.pop(name, None)
+                self.node_layout += 1
                 self._dirty.add(name)
             return  # its pods stay indexed under it, counted nowhere, until they go or it comes back
         inv = from_node(obj)
@@ -346,7 +353,10 @@ class Cache:
         name = inv.name
         self.nodes[name] = state = node_state(inv)
         self._know(state)
-        self.kind_of[name] = self.kinds.setdefault((inv.health, inv.product, inv.offerings), len(self.kinds))
+        kind = self.kinds.setdefault((inv.health, inv.product, inv.offerings), len(self.kinds))
+        if self.kind_of.get(name) != kind:
+            self.kind_of[name] = kind
+            self.node_layout += 1
         self._touch(name)
         on = self.on_node.get(name)
         if not on:

@@ -62,7 +62,7 @@ class Verdicts:
         self.asks: OrderedDict[Demand, Kept] = OrderedDict()
         # the nodes the last filter passed: (its ask, the snapshot's generation, their names)
         self.passed: tuple[Demand, int, frozenset[str]] | None = None
-        # the nodes DRA serves a native resource on (``verbs.dra_served``), for (generation, DRA version, resource)
+        # the nodes DRA serves a native resource on (``verbs.dra_served``), for (node layout, DRA layout, resource)
         self.served: tuple[tuple[int, int, str], frozenset[str]] | None = None
 
     def clear(self) -> None:
@@ -136,6 +136,7 @@ class Snapshot:
     ready: bool
     dra: DraState = field(default_factory=lambda: DraState(enabled=False))  # DRA pools (read, not copied)
     generation: int = 0  # the cache's last node generation when taken: equal snapshots have equal generations
+    node_layout: int = 0  # the cache's count of nodes added, removed or changed in kind when taken
 
     def fits(self, names: list[str], demand: Demand) -> list[Fit]:
         """``fit(node, demand, place=False)`` per node name, kept while a node is unchanged."""

@@ -193,12 +193,12 @@ def dra_served(snap: Snapshot, demand: Demand) -> frozenset[str]:
     """The nodes where DRA serves the pod's native resource (KEP-5004): a DeviceClass maps it
     (``extendedResourceName``), the node publishes DRA pools and sells none of it itself. kube-scheduler's
     DynamicResources plugin allocates those units as a claim and filters the node before the extender is asked, so
-    the extender passes it: refusing it would disagree with the allocator. Kept while the nodes and DRA are as they
-    were (filter, prioritize and bind ask it about one pod in turn)."""
+    the extender passes it: refusing it would disagree with the allocator. Kept while no node comes, goes or changes
+    what it sells, and DRA's slices and classes stay: pods bound and claims allocated meanwhile change nothing of it."""
     dra = snap.dra
     if not demand.gpu or not dra.enabled or demand.resource not in dra.extended():
         return frozenset()
-    key = (snap.generation, dra.version, demand.resource)
+    key = (snap.node_layout, dra.layout, demand.resource)
     kept = snap.verdicts.served
     if kept is not None and kept[0] == key:
         return kept[1]
@@ -289,8 +289,7 @@ def prioritize(snap: Snapshot, body: Any) -> list[dict[str, Any]]:
     if served:
         out = _prioritize_known(snap, names, demand)
         if not any(o["Score"] for o in out):  # no device-plugin node fits: the DRA nodes, best fit first
-            inv, usage = snap.dra.inventory(), snap.dra.usage()
-            return _dra_scores(snap, names, {n: claims.native_preference(inv, usage, n, demand.units)
+            return _dra_scores(snap, names, {n: claims.native_preference(snap.dra, n, demand.units)
                                              for n in names if n in served})
         return out  # device-plugin nodes stay the home of native asks, as before DRA
     return _prioritize_known(snap, names, demand)

@@ -313,29 +313,69 @@ class Usage:
     consumed: dict[Key, int] = field(default_factory=dict)
     left: dict[tuple[str, str, str], Fraction] = field(default_factory=dict)  # (pool, counter set, counter) -> amount
     counted: bool = False  # counted against an inventory's counter sets: else no counter is checked
+    # how many holds take each device whole, and consume of each shared one: what ``add`` and ``remove`` count by
+    holders: dict[Key, int] = field(default_factory=dict)
+    sharers: dict[Key, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, holds: Iterable[ClaimHold], inv: DraInventory | None = None) -> Usage:
         usage = cls()
-        for hold in holds:
-            usage.taken.update(hold.devices)
-            for key, memory in hold.consumed:
-                usage.consumed[key] = usage.consumed.get(key, 0) + memory
         if inv is not None:
             usage.counted = True
             for pool in inv.pools.values():
                 for set_name, counters in pool.counter_sets.items():
                     for counter, amount in counters.items():
                         usage.left[(pool.name, set_name, counter)] = amount
-            for _, pool_name, device_name in usage.taken:
-                holder = inv.pools.get(pool_name)
-                device = holder.devices.get(device_name) if holder is not None else None
-                if device is not None:
-                    usage._consume(device)
+        for hold in holds:
+            usage.add(hold, inv)
         return usage
 
     def copy(self) -> Usage:
-        return Usage(set(self.taken), dict(self.consumed), dict(self.left), self.counted)
+        return Usage(set(self.taken), dict(self.consumed), dict(self.left), self.counted, dict(self.holders),
+                     dict(self.sharers))
+
+    def add(self, hold: ClaimHold, inv: DraInventory | None) -> None:
+        """Count one more allocated claim's hold (its devices' counters against ``inv``'s pools)."""
+        for key in hold.devices:
+            n = self.holders.get(key, 0)
+            self.holders[key] = n + 1
+            if not n:
+                self.taken.add(key)
+                self._counters(key, inv, -1)
+        for key, memory in hold.consumed:
+            self.consumed[key] = self.consumed.get(key, 0) + memory
+            self.sharers[key] = self.sharers.get(key, 0) + 1
+
+    def remove(self, hold: ClaimHold, inv: DraInventory | None) -> None:
+        """Count one claim's hold no more (``add``'s inverse): a device is free once no hold has it."""
+        for key in hold.devices:
+            n = self.holders.get(key, 0)
+            if n > 1:
+                self.holders[key] = n - 1
+            elif n:
+                del self.holders[key]
+                self.taken.discard(key)
+                self._counters(key, inv, 1)
+        for key, memory in hold.consumed:
+            n = self.sharers.get(key, 0)
+            if n > 1:
+                self.sharers[key] = n - 1
+                self.consumed[key] -= memory
+            elif n:
+                del self.sharers[key]
+                self.consumed.pop(key, None)
+
+    def _counters(self, key: Key, inv: DraInventory | None, sign: int) -> None:
+        if inv is None or not self.counted:
+            return
+        pool = inv.pools.get(key[1])
+        device = pool.devices.get(key[2]) if pool is not None else None
+        if device is None:
+            return
+        for set_name, counters in device.consumes:
+            for counter, amount in counters:
+                at = (device.pool, set_name, counter)
+                self.left[at] = self.left.get(at, Fraction(0)) + sign * amount
 
     def _consume(self, device: DraDevice) -> None:
         for set_name, counters in device.consumes:

@@ -216,7 +216,7 @@ def dra_allocations(stored: Obj, cache: Cache) -> dict[str, str] | None:
         return None
     out = {}
     for node in served:
-        left = claims.native_preference(inv, usage, node, demand.units)
+        left = claims.native_preference(snap.dra, node, demand.units)
         if left is not None:
             out[node] = f"claim of {demand.units} x {demand.resource} through DRA ({left} GPUs left free)"
     return out

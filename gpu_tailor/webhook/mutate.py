@@ -158,8 +158,7 @@ def dra_free_somewhere(dra: DraState, resource: str, units: int) -> bool:
     whole GPUs free now; the scheduler allocates them as a claim on nodes that do not sell the resource."""
     if not dra.enabled or resource not in dra.extended():
         return False
-    inv, usage = dra.inventory(), dra.usage()
-    return any(claims.native_preference(inv, usage, node, units) is not None for node in inv.nodes())
+    return any(claims.native_preference(dra, node, units) is not None for node in dra.inventory().nodes())
 
 
 def _takes_default_scheduler(pod: dict[str, Any]) -> bool:

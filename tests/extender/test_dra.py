@@ -127,3 +127,46 @@ def test_not_ready_until_dra_is_listed() -> None:
     cache.dra.reset_claims([])
     cache.dra.reset_classes([])
     assert cache.ready
+
+
+def test_a_claim_allocated_rewrites_its_nodes_row_alone(monkeypatch: Any) -> None:
+    """What the claims watch brings is written into the fleet on the next snapshot, for the claim's node alone: a
+    cluster of many DRA nodes is not copied again for each claim kube-scheduler allocates."""
+    cache = dra_cache(slices=[hgx(), hgx("dra-h100-hgx-1"), a100_mig(), shared_t4()])
+    cache.reset_nodes([plain_node(n) for n in [*DRA_NODES, "dra-h100-hgx-1"]])
+    cache.snapshot()
+    refreshed: list[str] = []
+    real = Cache._refresh
+
+    def spy(self: Cache, name: str) -> None:
+        refreshed.append(name)
+        real(self, name)
+
+    monkeypatch.setattr(Cache, "_refresh", spy)
+    cache.dra.apply_claim("ADDED", held("dra-h100-hgx-1", "gpu-0", "gpu-1"))
+    snap = cache.snapshot()
+    at = snap.fleet.index["dra-h100-hgx-1"]
+    assert refreshed == ["dra-h100-hgx-1"]
+    assert snap.fleet.gpu[at, :8].tolist() == [0, 0] + [1000] * 6
+    refreshed.clear()
+    cache.dra.apply_slice("MODIFIED", hgx())  # a slice republished: every DRA node's row is written again
+    cache.snapshot()
+    assert set(refreshed) == {*DRA_NODES, "dra-h100-hgx-1"}
+
+
+def test_where_dra_serves_native_gpus_follows_a_node_that_starts_selling_them() -> None:
+    """The nodes DRA serves ``nvidia.com/gpu`` on are kept across pods and claims, and found again when a node
+    comes, goes, or starts selling the resource through the device plugin."""
+    cache = dra_cache()
+    pod = gpu_pod("two", 2)
+    assert set(DRA_NODES) <= verbs.dra_served(cache.snapshot(), verbs.extender_args(body(pod, DRA_NODES)).demand)
+    cache.dra.apply_claim("ADDED", held("dra-h100-hgx-0", "gpu-0"))
+    demand = verbs.extender_args(body(pod, DRA_NODES)).demand
+    assert "dra-h100-hgx-0" in verbs.dra_served(cache.snapshot(), demand)
+    selling = plain_node("dra-h100-hgx-0")
+    for key in ("capacity", "allocatable"):
+        selling["status"][key] = {**selling["status"][key], "nvidia.com/gpu": "8"}
+    cache.apply_node("MODIFIED", selling)
+    assert "dra-h100-hgx-0" not in verbs.dra_served(cache.snapshot(), demand)
+    cache.apply_node("DELETED", selling)
+    assert "dra-h100-hgx-0" in verbs.dra_served(cache.snapshot(), demand)  # slices without a node: served

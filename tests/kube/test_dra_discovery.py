@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
@@ -17,15 +18,19 @@ from gpu_tailor.extender.cache import Cache
 from gpu_tailor.gpumodel.devices.dra import DraState
 from gpu_tailor.kube.dra import dra_watches
 from gpu_tailor.kube.freshness import Freshness
-from tests.gpumodel.dra_slices import device_classes, hgx
 from gpu_tailor.webhook import server as webhook
 from gpu_tailor.webhook.config import AdmissionPolicy
 from gpu_tailor.webhook.state import ClusterView
+from tests.gpumodel.dra_slices import device_classes, hgx
 from tests.kube.fakeapi import serving
 
 BASE = "/apis/resource.k8s.io/v1"
 KINDS = {"resourceslices": "ResourceSliceList", "resourceclaims": "ResourceClaimList",
          "deviceclasses": "DeviceClassList"}
+
+
+def watching(request: web.Request) -> bool:
+    return request.query.get("watch", "").lower() in ("true", "1")
 
 
 class Served:
@@ -51,16 +56,16 @@ class Served:
 
     async def core(self, request: web.Request) -> web.StreamResponse:
         """Nodes, pods and gpu-tailor's reports: empty lists, idle watches."""
-        path = request.path
-        self.asked.append(f"{path} {'watch' if request.query.get('watch') == 'true' else 'list'}")
-        if request.query.get("watch") == "true":
+        watch = watching(request)
+        self.asked.append(f"{request.path} {'watch' if watch else 'list'}")
+        if watch:
             await asyncio.Event().wait()
         return web.json_response({"kind": "List", "apiVersion": "v1", "metadata": {"resourceVersion": "3"},
                                   "items": []})
 
     async def listing(self, request: web.Request) -> web.StreamResponse:
         kind = request.match_info["kind"]
-        watch = request.query.get("watch") == "true"
+        watch = watching(request)
         self.asked.append(f"{kind} {'watch' if watch else 'list'}")
         if watch:
             await asyncio.Event().wait()  # an idle watch, until the client goes
@@ -130,29 +135,29 @@ async def test_a_cluster_that_serves_dra_at_start_is_unready_until_it_is_listed(
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_with_dra_off_the_services_never_ask_for_resource_k8s_io() -> None:
+@pytest.mark.parametrize("dra", [True, False], ids=["auto", "off"])
+async def test_with_dra_off_the_services_never_ask_for_resource_k8s_io(dra: bool) -> None:
     """``--dra off``: on a cluster that serves DRA, neither service asks for it, and both stay on device-plugin
     pools with nothing of DRA to wait on; with ``auto`` (the default) the same cluster's DRA is read."""
-    for dra in (True, False):
-        served = Served()
-        served.group = True
-        cache, view = Cache(), ClusterView(AdmissionPolicy())
-        async with api_server(served) as api:
-            tasks = [asyncio.create_task(w) for w in [*extender.watches(api, cache, dra),
-                                                        *webhook.watches(api, view, dra=dra)]]
-            try:
-                lists = ("/api/v1/nodes list", "/api/v1/pods list")
-                await asyncio.wait_for(until(lambda: all(served.asked.count(k) == 2 for k in lists)), 10)
-                if dra:
-                    await asyncio.wait_for(until(lambda: cache.dra.enabled and view.dra.enabled
-                                                 and cache.dra.ready and view.dra.ready), 10)
-                    assert served.asked.count("discovery") == 2
-                    continue
-                assert not [a for a in served.asked if "resource" in a or a == "discovery"]
-                assert not cache.dra.enabled and not view.dra.enabled
-                assert not set(KINDS) & (set(cache.freshness) | set(view.freshness))  # readiness waits on none
-                assert not cache.dra.inventory().pools and not view.dra.inventory().pools
-            finally:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+    served = Served()
+    served.group = True
+    cache, view = Cache(), ClusterView(AdmissionPolicy())
+    async with api_server(served) as api:
+        tasks = [asyncio.create_task(w) for w in [*extender.watches(api, cache, dra),
+                                                    *webhook.watches(api, view, dra=dra)]]
+        try:
+            lists = ("/api/v1/nodes list", "/api/v1/pods list")
+            await asyncio.wait_for(until(lambda: all(served.asked.count(k) == 2 for k in lists)), 10)
+            if dra:
+                await asyncio.wait_for(until(lambda: cache.dra.enabled and view.dra.enabled
+                                             and cache.dra.ready and view.dra.ready), 10)
+                assert served.asked.count("discovery") == 2
+                return
+            assert not [a for a in served.asked if "resource" in a or a == "discovery"]
+            assert not cache.dra.enabled and not view.dra.enabled
+            assert not set(KINDS) & (set(cache.freshness) | set(view.freshness))  # readiness waits on none
+            assert not cache.dra.inventory().pools and not view.dra.inventory().pools
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

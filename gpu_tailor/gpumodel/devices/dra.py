@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import deque
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
@@ -60,6 +61,7 @@ MIG_CLASS = "mig.nvidia.com"
 CLAIM = "gpu-tailor"  # the pod's ``spec.resourceClaims`` entry
 TEMPLATE_PREFIX = "gpu-tailor-"
 MAX_RUNGS = 8  # firstAvailable holds at most 8 alternatives (resource.k8s.io/v1)
+CHANGES = 4096  # the changes DraState.changed_since can look back on; further back, every node counts as changed
 SHARING_API = "resource.nvidia.com/v1beta1"
 
 
@@ -422,10 +424,52 @@ class DraState:
     classes: dict[str, str] = field(default_factory=dict)  # DeviceClass name -> its extendedResourceName ("")
     synced: set[str] = field(default_factory=set)  # "slices", "claims", "classes" once listed
     version: int = 0  # counts changes to the slices, the claims' holds and the classes
+    layout: int = 0  # counts changes to the slices and the classes alone: what each node's pools are and serve
     _inventory: DraInventory | None = None
     _usage: Usage | None = None
+    # (version, the nodes whose devices' use it changed, or None: any node may have changed), the last CHANGES of them
+    _changes: deque[tuple[int, frozenset[str] | None]] = field(default_factory=lambda: deque(maxlen=CHANGES))
 
     KINDS = ("slices", "claims", "classes")
+
+    _free: dict[str, int] = field(default_factory=dict)  # node -> whole GPUs free there (``free_gpus``)
+
+    def _changed(self, nodes: frozenset[str] | None = None) -> None:
+        self.version += 1
+        self._changes.append((self.version, nodes))
+        if nodes is None:
+            self.layout += 1
+            self._free.clear()
+        else:
+            for node in nodes:
+                self._free.pop(node, None)
+
+    def free_gpus(self, node: str) -> int:
+        """The GPUs a claim could take whole on ``node`` now (devices of type gpu, not shared, not held), kept until
+        a change reaches the node."""
+        free = self._free.get(node)
+        if free is None:
+            usage = self.usage()
+            free = self._free[node] = sum(1 for p in self.inventory().on_node(node) for d in p.devices.values()
+                                          if d.type is DeviceType.GPU and not d.shared and usage.free(d))
+        return free
+
+    def changed_since(self, version: int) -> set[str] | None:
+        """The nodes whose DRA devices or their use changed after ``version``: an allocated or released claim
+        changes its devices' nodes alone. None where any node may have (slices or classes changed, or ``version`` is
+        older than the changes kept)."""
+        if version == self.version:
+            return set()
+        if not self._changes or self._changes[0][0] > version + 1:
+            return None
+        out: set[str] = set()
+        for at, nodes in reversed(self._changes):
+            if at <= version:
+                break
+            if nodes is None:
+                return None
+            out |= nodes
+        return out
 
     @property
     def ready(self) -> bool:
@@ -449,7 +493,7 @@ class DraState:
         self.slices = {_name(s): s for s in items if _driver(s) == DRIVER}
         self.synced.add("slices")
         self._inventory = self._usage = None
-        self.version += 1
+        self._changed()
 
     def apply_slice(self, event: str, obj: dict[str, Any]) -> None:
         name = _name(obj)
@@ -459,27 +503,37 @@ class DraState:
         else:
             self.slices[name] = obj
         self._inventory = self._usage = None
-        self.version += 1
+        self._changed()
 
     def reset_claims(self, items: list[dict[str, Any]]) -> None:
         self.holds = {_uid(c): h for c in items if (h := claim_hold(c))}
         self.synced.add("claims")
         self._usage = None
-        self.version += 1
+        self._changed()
+        self._free.clear()
 
     def apply_claim(self, event: str, obj: dict[str, Any]) -> None:
         hold = claim_hold(obj) if event != "DELETED" else None
         before = self.holds.pop(_uid(obj), None)
         if hold:
             self.holds[_uid(obj)] = hold
-        if before != (hold or None):
-            self._usage = None
-            self.version += 1
+        if before == (hold or None):
+            return
+        if self._usage is not None:  # this claim alone counted again, on a copy: a usage handed out stays as it was
+            usage, inv = self._usage.copy(), self.inventory()
+            if before:
+                usage.remove(before, inv)
+            if hold:
+                usage.add(hold, inv)
+            self._usage = usage
+        pools = self.inventory().pools
+        self._changed(frozenset(pools[pool].node for h in (before, hold) if h
+                                for _, pool, _ in (*h.devices, *(key for key, _ in h.consumed)) if pool in pools))
 
     def reset_classes(self, items: list[dict[str, Any]]) -> None:
         self.classes = dict(filter(None, map(_device_class, items)))
         self.synced.add("classes")
-        self.version += 1
+        self._changed()
 
     def apply_class(self, event: str, obj: dict[str, Any]) -> None:
         entry = _device_class(obj)
@@ -489,7 +543,7 @@ class DraState:
             self.classes.pop(entry[0], None)
         else:
             self.classes[entry[0]] = entry[1]
-        self.version += 1
+        self._changed()
 
 
 def _name(obj: dict[str, Any]) -> str:
@@ -552,9 +606,8 @@ def _preference(picks: dict[str, Pick | None], pools: DraInventory, usage: Usage
     return (sum(p.position for p in chosen), sum((p.rung.consumed for p in chosen), Fraction(0)), loss, free)
 
 
-def native_preference(inv: DraInventory, usage: Usage, node: str, units: int) -> int | None:
+def native_preference(dra: DraState, node: str, units: int) -> int | None:
     """For ``units`` whole GPUs of an extended resource a DeviceClass serves (KEP-5004) on ``node``: the GPUs its
     pools keep free after them (fewer first: best fit), or None when fewer than ``units`` are free."""
-    free = sum(1 for p in on_node(inv, node).pools.values() for d in p.devices.values()
-               if d.type is DeviceType.GPU and not d.shared and usage.free(d))
+    free = dra.free_gpus(node)
     return free - units if free >= units else None
