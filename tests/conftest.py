@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -93,3 +94,23 @@ def cluster_replay() -> ModuleType:
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+RELEASE_ID = re.compile(r"\[(v\d+\.\d+\.\d+)(?:-[^\]]*)?\]$")  # an e2e test's id: [v1.28.7] or [v1.36.3-a]
+
+
+def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
+    """``--dist loadgroup`` (``scripts/test.sh``): every e2e test of one Kubernetes release in one work unit, so that
+    one worker starts that release's control planes and the releases run side by side. xdist groups by a suffix it
+    writes into each test's node id, which pytest 9 no longer reads back; the release is taken from the test's id
+    instead (tests/e2e/conftest.py marks the same groups for an xdist that can)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling  # type: ignore[import-untyped]
+
+    class ByRelease(LoadGroupScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            found = RELEASE_ID.search(nodeid)
+            return found.group(1) if found else str(super()._split_scope(nodeid))
+
+    return ByRelease(config, log)

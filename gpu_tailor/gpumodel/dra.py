@@ -334,6 +334,10 @@ class Usage:
         return Usage(set(self.taken), dict(self.consumed), dict(self.left), self.counted, dict(self.holders),
                      dict(self.sharers))
 
+    def scratch(self) -> Usage:
+        """A copy to try allocations on (``take``, ``share``), without the counts ``add`` and ``remove`` need."""
+        return Usage(set(self.taken), dict(self.consumed), dict(self.left), self.counted)
+
     def add(self, hold: ClaimHold, inv: DraInventory | None) -> None:
         """Count one more allocated claim's hold (its devices' counters against ``inv``'s pools)."""
         for key in hold.devices:
@@ -422,7 +426,7 @@ def can_carve(pool: DraPool, usage: Usage) -> dict[str, int]:
         if device.consumes:
             kinds.setdefault(device.profile or "whole GPU", []).append(device)
     for kind, devices in kinds.items():
-        left = usage.copy()
+        left = usage.scratch()
         for device in devices:
             if left.free(device):
                 left.take(device)

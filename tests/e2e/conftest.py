@@ -49,9 +49,12 @@ def pods(cluster: Stack) -> Iterator[Pods]:
     tracker.cleanup()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist with ``--dist loadgroup`` (``scripts/test.sh``), every test of one release goes to one
-    worker: each worker then starts the control planes of one release only, and the releases run side by side."""
+    worker: each worker then starts the control planes of one release only, and the releases run side by side.
+    First of this hook's implementations: xdist's reads the groups to name the tests by, and a group marked after
+    it is never seen (both workers then start both releases' control planes)."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and "release" in callspec.params:

@@ -309,7 +309,7 @@ def _picks(ladders: dict[str, tuple[Rung, ...]], inv: DraInventory, usage: Usage
     """For each container, the earliest rung with a device free now in some pool, and the device the allocator
     would take there (the first free one the pool publishes), in the pool with the fewest such devices free (the
     fullest: what the extender prefers). Containers are served in turn from what the earlier ones left."""
-    left = usage.copy()
+    left = usage.scratch()
     out: dict[str, Pick | None] = {}
     for key, ladder in ladders.items():
         out[key] = None
@@ -598,7 +598,7 @@ def _preference(picks: dict[str, Pick | None], pools: DraInventory, usage: Usage
     of a GPU taken, what the carve takes of the larger partitions still possible (``carvable``; 0 where no device is
     partitionable), and the devices left free."""
     chosen = [p for p in picks.values() if p is not None]
-    after = usage.copy()
+    after = usage.scratch()
     for pick in chosen:
         allocate(after, pick)
     loss = sum(carvable(p, usage) - carvable(p, after) for p in pools.pools.values())
