@@ -16,5 +16,5 @@ fi
 echo "== ruff";          .venv/bin/ruff check .
 echo "== mypy --strict"; .venv/bin/mypy
 echo "== import-linter"; .venv/bin/lint-imports
-# two workers (PYTEST_WORKERS): each Kubernetes release's e2e tests stay together in one (tests/e2e/conftest.py)
+# two workers (PYTEST_WORKERS): each Kubernetes release's e2e tests stay together in one (tests/conftest.py)
 echo "== pytest";        .venv/bin/python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"
