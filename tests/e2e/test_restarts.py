@@ -3,6 +3,8 @@ keeps working: what the API shows before, during and after."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.e2e.kube import ApiError, api_path, wait_for
@@ -32,10 +34,17 @@ def test_restarted_extender_never_hands_out_a_gpu_twice(cluster: Stack, pods: Po
     # The restarted extender learns the GPUs of the first pod from its annotation.
     second = pods.wait_bound(pods.create(ns, gpu_pod(unique("after-crash"), {"nvidia.com/gpu": "3"}, node=HGX)))
     third = pods.wait_bound(pods.create(ns, gpu_pod(unique("after-crash"), {"nvidia.com/gpu": "2"}, node=HGX)))
-    held = [gpus_annotation(p) for p in (first, second, third)]
+    held = [recorded(pods, p, cluster) for p in (first, second, third)]
     assert [len(g) for g in held] == [3, 3, 2], held
     assert sorted(g for gpus in held for g in gpus) == list(range(8)), f"a GPU handed out twice: {held}"
     assert {p["spec"]["nodeName"] for p in (first, second, third)} == {HGX}
+
+
+def recorded(pods: Pods, pod: dict[str, Any], cluster: Stack) -> list[int]:
+    """The GPUs the extender recorded on ``pod``, waited for on the pod itself: the extender may see the bind after
+    the test does, and then has no record pending yet when ``wait_bound`` asks."""
+    return wait_for(lambda: gpus_annotation(pods.get(pod)), 30, f"the GPUs recorded on {pod['metadata']['name']}",
+                    context=cluster.context)
 
 
 def certificate_state(cluster: Stack) -> tuple[object, list[str]]:
