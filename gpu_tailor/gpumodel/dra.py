@@ -345,7 +345,7 @@ class Usage:
             self.holders[key] = n + 1
             if not n:
                 self.taken.add(key)
-                self._counters(key, inv, -1)
+                self._by_key(key, inv, -1)
         for key, memory in hold.consumed:
             self.consumed[key] = self.consumed.get(key, 0) + memory
             self.sharers[key] = self.sharers.get(key, 0) + 1
@@ -359,7 +359,7 @@ class Usage:
             elif n:
                 del self.holders[key]
                 self.taken.discard(key)
-                self._counters(key, inv, 1)
+                self._by_key(key, inv, 1)
         for key, memory in hold.consumed:
             n = self.sharers.get(key, 0)
             if n > 1:
@@ -369,23 +369,18 @@ class Usage:
                 del self.sharers[key]
                 self.consumed.pop(key, None)
 
-    def _counters(self, key: Key, inv: DraInventory | None, sign: int) -> None:
-        if inv is None or not self.counted:
-            return
-        pool = inv.pools.get(key[1])
+    def _by_key(self, key: Key, inv: DraInventory | None, sign: int) -> None:
+        pool = inv.pools.get(key[1]) if inv is not None and self.counted else None
         device = pool.devices.get(key[2]) if pool is not None else None
-        if device is None:
-            return
-        for set_name, counters in device.consumes:
-            for counter, amount in counters:
-                at = (device.pool, set_name, counter)
-                self.left[at] = self.left.get(at, Fraction(0)) + sign * amount
+        if device is not None:
+            self._consume(device, sign)
 
-    def _consume(self, device: DraDevice) -> None:
+    def _consume(self, device: DraDevice, sign: int = -1) -> None:
+        """Take (``sign`` -1) or give back (+1) what ``device`` consumes of its pool's counter sets."""
         for set_name, counters in device.consumes:
             for counter, amount in counters:
                 key = (device.pool, set_name, counter)
-                self.left[key] = self.left.get(key, Fraction(0)) - amount
+                self.left[key] = self.left.get(key, Fraction(0)) + sign * amount
 
     def share(self, device: DraDevice, memory: int) -> None:
         """Count ``memory`` of shared ``device`` consumed by one more claim."""

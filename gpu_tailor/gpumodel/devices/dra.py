@@ -429,10 +429,9 @@ class DraState:
     _usage: Usage | None = None
     # (version, the nodes whose devices' use it changed, or None: any node may have changed), the last CHANGES of them
     _changes: deque[tuple[int, frozenset[str] | None]] = field(default_factory=lambda: deque(maxlen=CHANGES))
+    _free: dict[str, int] = field(default_factory=dict)  # node -> whole GPUs free there (``free_gpus``)
 
     KINDS = ("slices", "claims", "classes")
-
-    _free: dict[str, int] = field(default_factory=dict)  # node -> whole GPUs free there (``free_gpus``)
 
     def _changed(self, nodes: frozenset[str] | None = None) -> None:
         self.version += 1
@@ -510,7 +509,6 @@ class DraState:
         self.synced.add("claims")
         self._usage = None
         self._changed()
-        self._free.clear()
 
     def apply_claim(self, event: str, obj: dict[str, Any]) -> None:
         hold = claim_hold(obj) if event != "DELETED" else None
