@@ -113,6 +113,13 @@ class Fleet:
         self.link = np.zeros(cap, np.int64)  # NO_TOPOLOGY, ALL_NVLINK, ...
         self.pick = np.zeros(cap, np.int64)  # PICK_ANY, PICK_MOST_FREE, PICK_LEAST_FREE
         self.step = np.zeros(cap, np.int64)  # milli of one replica where the device plugin picks
+        # the NVLink domain of each row (``domain_names``): a labelled one several nodes share (an NVL72 rack's
+        # clique), else the node alone; ``labelled`` says which ids are the shared kind
+        self.domain = np.zeros(cap, np.int64)
+        self.domain_names: list[str] = []
+        self.domain_ids: dict[tuple[bool, str], int] = {}
+        self.labelled: list[bool] = []
+        self.shared_domains = 0  # how many of them are labelled
         self.max_cpu = 1
         self.max_gpus = 1
 
@@ -123,6 +130,15 @@ class Fleet:
             self.models.append(model)
         return self.model_ids[model]
 
+    def domain_id(self, name: str, labelled: bool) -> int:
+        key = (labelled, name)
+        if key not in self.domain_ids:
+            self.domain_ids[key] = len(self.domain_names)
+            self.domain_names.append(name)
+            self.labelled.append(labelled)
+            self.shared_domains += labelled
+        return self.domain_ids[key]
+
     def _grow(self, rows: int, width: int) -> None:
         cap = max(rows, len(self.cpu))
         if cap > len(self.cpu):
@@ -130,7 +146,7 @@ class Fleet:
         if cap == len(self.cpu) and width <= self.width:
             return
         width = max(width, self.width)
-        for attr in ("cpu", "mem", "cpu_cap", "ngpu", "rank", "gen", "link", "pick", "step"):
+        for attr in ("cpu", "mem", "cpu_cap", "ngpu", "rank", "gen", "link", "pick", "step", "domain"):
             old = getattr(self, attr)
             new = np.zeros(cap, old.dtype)
             new[: len(old)] = old
@@ -147,9 +163,10 @@ class Fleet:
 
     def upsert(self, name: str, cpu_free: int, mem_free: int, gpu_free: Sequence[int], model: str = "",
                topology: GpuTopology | None = None, cpu_capacity: int | None = None, pick: int = PICK_ANY,
-               step: int = 0) -> int:
+               step: int = 0, domain: str = "") -> int:
         """Add a node or replace what is known of it; returns its row. ``pick``: who picks the GPU of a
-        pod of one replica (of ``step`` milli) there (``PICK_ANY``: the policy)."""
+        pod of one replica (of ``step`` milli) there (``PICK_ANY``: the policy). ``domain``: the NVLink domain it
+        shares with other nodes ("": the node is a domain of its own)."""
         i = self.index.get(name)
         if i is None:
             i = self.n
@@ -170,6 +187,7 @@ class Fleet:
         self.model[i] = self.model_id(model) if model else -1
         self.link[i] = _link_class(topology, len(gpu_free))
         self.pick[i], self.step[i] = pick, step
+        self.domain[i] = self.domain_id(domain, True) if domain else self.domain_id(name, False)
         self.alive[i] = True
         self.gen[i] += 1
         self.max_cpu = max(self.max_cpu, int(self.cpu_cap[i]))
@@ -277,6 +295,24 @@ class Fleet:
             fed = np.minimum(fed, np.maximum(self.mem[rows] - shape.mem, 0) * shape.gpus // shape.mem)
         out: Array = whole * 10_000 + np.minimum(block, 99) * 100 + np.minimum(left - fed, 99)
         return out
+
+    def untouched_domains(self) -> Array:
+        """Per domain id: whether it is labelled (shared by nodes) and every GPU of every live node in it is idle."""
+        rows = self.rows()
+        used = np.bincount(self.domain[rows], weights=~self.untouched(rows), minlength=len(self.domain_names))
+        out: Array = (used == 0) & np.asarray(self.labelled, bool)
+        return out
+
+    def spare_whole_domains(self, shape: Shape, rows: Array) -> Array:
+        """``rows`` less those of untouched labelled domains where a pod of ``shape`` fits on one of the others, else
+        ``rows`` as they are: single pods fill the domains in use and leave whole ones to the gangs that need them."""
+        if shape.gpus == 0 or not len(rows) or not self.shared_domains:
+            return rows
+        whole = self.untouched_domains()[self.domain[rows]]
+        if not whole.any() or whole.all():
+            return rows
+        rest = rows[~whole]
+        return rest if self.feasible(shape, rest).any() else rows
 
     def free_gpus(self, node: int) -> list[int]:
         return [g for g in range(int(self.ngpu[node])) if self.gpu[node, g] == MILLI]

@@ -32,6 +32,9 @@ class Policy:
     # less at 90% arrived). The FGD paper's policies use the rank alone, as the paper replays them; tailor sets both.
     keep_whole_nodes = False
     tie_keys = "whole"  # with keep_whole_nodes: which keys of ``Fleet.ties``
+    # Single pods keep off an untouched NVLink domain while one in use holds them (``Fleet.spare_whole_domains``):
+    # tailor's rule, so that a gang that needs a whole domain finds one
+    keep_whole_domains = False
 
     def __init__(self, fleet: Fleet, seed: int = 0) -> None:
         self.fleet = fleet
@@ -58,8 +61,9 @@ class Policy:
         return tuple(free[: shape.gpus])
 
     def node_scores(self, shape: Shape, rows: Array) -> tuple[Array, Array]:
-        """Best score per row (NaN where the pod does not fit) and the row's best sharing GPU."""
-        c = candidates(self.fleet, shape, rows)
+        """Best score per row (NaN where the pod does not fit, or keeps off the row's whole domain) and the row's
+        best sharing GPU."""
+        c = candidates(self.fleet, shape, self._spared(shape, rows))
         best = np.full(len(rows), np.nan)
         gpu = np.full(len(rows), -1)
         if len(c.node):
@@ -73,9 +77,12 @@ class Policy:
             best[at[first]], gpu[at[first]] = s[take], c.gpu[take]
         return best, gpu
 
+    def _spared(self, shape: Shape, rows: Array) -> Array:
+        return self.fleet.spare_whole_domains(shape, rows) if self.keep_whole_domains else rows
+
     def choose(self, shape: Shape, rows: Array | None = None) -> NodeChoice | None:
         rows = self.fleet.rows() if rows is None else rows
-        c = candidates(self.fleet, shape, rows)
+        c = candidates(self.fleet, shape, self._spared(shape, rows))
         if not len(c.node):
             return None
         s = self.score(shape, c).astype(float)

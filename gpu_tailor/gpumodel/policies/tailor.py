@@ -73,6 +73,7 @@ class TailorPolicy(FgdPolicy):
     # cost 0.2 point on openb, for multi-GPU pods nothing: docs/tailor-experiments.md), then the node rank.
     keep_whole_nodes = True
     tie_keys = "multi-blocks"
+    keep_whole_domains = True
 
     def __init__(self, fleet: Fleet, seed: int = 0, mix: Mix | None = None) -> None:
         super().__init__(fleet, seed, mix)
