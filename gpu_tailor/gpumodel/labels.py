@@ -63,3 +63,25 @@ POD_OPT_OUT_LABEL = "gpu-tailor.io/skip"
 POD_ADMITTED_LABEL = "gpu-tailor.io/admitted"
 # the schedulerName of the kube-scheduler profile that runs gpu-tailor's extender (manifests/scheduler)
 GPU_TAILOR_SCHEDULER = "gpu-tailor-scheduler"
+
+# --- groups of pods placed whole (gangs) and NVLink domains --------------------------------------
+# NVIDIA GPU Feature Discovery: the NVLink domain of a GB200/GB300 NVL72 node, <fabric ClusterUUID>.<CliqueId>
+GPU_CLIQUE = "nvidia.com/gpu.clique"
+# gpu-tailor's own group ask, on a pod template that names no other convention
+ANN_GROUP = "gpu-tailor.io/group"  # the group's name (namespaced)
+ANN_GROUP_SIZE = "gpu-tailor.io/group-size"  # how many pods it has
+ANN_GROUP_DOMAIN = "gpu-tailor.io/nvlink-domain"  # required | preferred | anywhere
+# the extender's plan for a group, written on the member it was made for (where a restarted extender finds it)
+ANN_GROUP_PLAN = "gpu-tailor.io/group-plan"
+# other projects' conventions, read as they write them
+KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"  # label
+KUEUE_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"  # annotation
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"  # label
+LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"  # label
+LWS_SIZE = "leaderworkerset.sigs.k8s.io/size"  # annotation: pods per group, the leader included
+COSCHEDULING_GROUP = "scheduling.x-k8s.io/pod-group"  # label naming a scheduler-plugins PodGroup
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"  # label
+JOBSET_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"  # label
+JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"  # label
+JOB_NAME = "batch.kubernetes.io/job-name"  # label
+JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # annotation (Indexed Jobs)

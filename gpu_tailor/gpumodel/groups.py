@@ -1,0 +1,109 @@
+"""Which group of pods a pod belongs to, read from the conventions its users already follow.
+
+A group (a gang) is placed whole or not at all (``gangs``). Users declare one the way their tools do, and gpu-tailor
+reads each from that project's own names (``labels``):
+
+- gpu-tailor's own annotations, for a pod template that names nothing else: ``gpu-tailor.io/group`` (a name),
+  ``gpu-tailor.io/group-size`` (how many pods) and optionally ``gpu-tailor.io/nvlink-domain`` (``required``,
+  ``preferred``, ``anywhere``);
+- Kueue's plain pod groups: the label ``kueue.x-k8s.io/pod-group-name`` and the annotation
+  ``kueue.x-k8s.io/pod-group-total-count`` on every member;
+- LeaderWorkerSet: one group per replica, the labels ``leaderworkerset.sigs.k8s.io/name`` and ``.../group-index``, its
+  size in the annotation ``leaderworkerset.sigs.k8s.io/size``;
+- kube-scheduler's own PodGroup (1.36, ``spec.schedulingGroup.podGroupName``), the scheduler-plugins coscheduling
+  PodGroup (label ``scheduling.x-k8s.io/pod-group``), a JobSet's child Job and an Indexed Job: their size lives in
+  another object; the group is read here with the size ``gpu-tailor.io/group-size`` gives, where someone set it.
+
+The NVLink-domain ask defaults to ``preferred``: one domain where one holds the group, else anywhere (on HGX pools a
+domain is one node, and most multi-node jobs there span nodes). ``gpu-tailor.io/nvlink-domain`` on the pod says
+otherwise for any convention. A group whose size is not known is no gang: its pods are placed one by one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.gangs import DOMAIN_ASKS, PREFERRED
+
+MAX_GROUP = 10_000  # pods in one group: a larger size is a typo
+
+
+class GroupError(ValueError):
+    """A pod's group ask cannot be read (a size that is no number, an unknown domain ask)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRef:
+    """The group a pod belongs to: ``key`` is unique in the cluster, ``name`` is for people, ``size`` 0 where unknown."""
+
+    key: str
+    name: str
+    size: int
+    domain: str = PREFERRED
+
+
+def _size(raw: Any, where: str) -> int:
+    try:
+        size = int(str(raw).strip())
+    except ValueError:
+        raise GroupError(f"{where}={raw!r}: expected a whole number of pods") from None
+    if not 1 <= size <= MAX_GROUP:
+        raise GroupError(f"{where}={raw!r}: a group has 1 to {MAX_GROUP} pods")
+    return size
+
+
+def _domain(annotations: dict[str, Any]) -> str:
+    raw = annotations.get(labels.ANN_GROUP_DOMAIN)
+    if raw is None:
+        return PREFERRED
+    ask = str(raw).strip().lower()
+    if ask not in DOMAIN_ASKS:
+        raise GroupError(f"{labels.ANN_GROUP_DOMAIN}={raw!r}: expected one of {', '.join(DOMAIN_ASKS)}")
+    return ask
+
+
+def group_of(pod: dict[str, Any]) -> GroupRef | None:
+    """The pod's group, or None where it names none; ``GroupError`` where its group ask cannot be read."""
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    pod_labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    ns = str(meta.get("namespace") or "")
+    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+    stated = annotations.get(labels.ANN_GROUP_SIZE)
+
+    def ref(kind: str, name: str, size: int) -> GroupRef:
+        return GroupRef(f"{ns}/{kind}/{name}", f"{kind} {ns}/{name}", size, _domain(annotations))
+
+    def stated_size() -> int:
+        return _size(stated, labels.ANN_GROUP_SIZE) if stated is not None else 0
+
+    if labels.ANN_GROUP in annotations:
+        name = str(annotations[labels.ANN_GROUP]).strip()
+        if not name:
+            raise GroupError(f"{labels.ANN_GROUP} is empty: name the group")
+        if stated is None:
+            raise GroupError(f"{labels.ANN_GROUP}={name!r} without {labels.ANN_GROUP_SIZE}: say how many pods it has")
+        return ref("group", name, stated_size())
+    scheduling_group = spec.get("schedulingGroup")
+    if isinstance(scheduling_group, dict) and scheduling_group.get("podGroupName"):
+        return ref("podgroup", str(scheduling_group["podGroupName"]), stated_size())
+    if labels.KUEUE_GROUP in pod_labels:
+        count = annotations.get(labels.KUEUE_GROUP_COUNT)
+        if count is None:
+            raise GroupError(f"{labels.KUEUE_GROUP} without {labels.KUEUE_GROUP_COUNT}")
+        return ref("kueue", str(pod_labels[labels.KUEUE_GROUP]), _size(count, labels.KUEUE_GROUP_COUNT))
+    if labels.LWS_NAME in pod_labels and labels.LWS_SIZE in annotations:
+        name = f"{pod_labels[labels.LWS_NAME]}-{pod_labels.get(labels.LWS_GROUP_INDEX, '0')}"
+        return ref("leaderworkerset", name, _size(annotations[labels.LWS_SIZE], labels.LWS_SIZE))
+    if labels.COSCHEDULING_GROUP in pod_labels:
+        return ref("coscheduling", str(pod_labels[labels.COSCHEDULING_GROUP]), stated_size())
+    if labels.JOBSET_NAME in pod_labels:
+        name = "-".join(str(pod_labels.get(k, "")) for k in (labels.JOBSET_NAME, labels.JOBSET_REPLICATED_JOB,
+                                                                labels.JOBSET_JOB_INDEX))
+        return ref("jobset", name, stated_size())
+    if labels.JOB_NAME in pod_labels and labels.JOB_COMPLETION_INDEX in annotations:
+        return ref("job", str(pod_labels[labels.JOB_NAME]), stated_size())
+    return None

@@ -1,0 +1,64 @@
+"""Which group a pod belongs to: each convention as its project writes it, and bad asks refused with the reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.gangs import ANYWHERE, PREFERRED, REQUIRED
+from gpu_tailor.gpumodel.groups import GroupError, GroupRef, group_of
+
+
+def pod(ns: str = "team-a", pod_labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+        spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": "p", "namespace": ns, "labels": pod_labels or {}, "annotations": annotations or {}},
+            "spec": spec or {"containers": [{"name": "c"}]}}
+
+
+@pytest.mark.parametrize(("p", "want"), [
+    pytest.param(pod(annotations={labels.ANN_GROUP: "train", labels.ANN_GROUP_SIZE: "8"}),
+                 GroupRef("team-a/group/train", "group team-a/train", 8, PREFERRED), id="gpu-tailor"),
+    pytest.param(pod(annotations={labels.ANN_GROUP: "train", labels.ANN_GROUP_SIZE: " 4 ",
+                                  labels.ANN_GROUP_DOMAIN: "Required"}),
+                 GroupRef("team-a/group/train", "group team-a/train", 4, REQUIRED), id="gpu-tailor-required"),
+    pytest.param(pod(pod_labels={labels.KUEUE_GROUP: "g1"}, annotations={labels.KUEUE_GROUP_COUNT: "3"}),
+                 GroupRef("team-a/kueue/g1", "kueue team-a/g1", 3, PREFERRED), id="kueue"),
+    pytest.param(pod(pod_labels={labels.LWS_NAME: "vllm", labels.LWS_GROUP_INDEX: "2"},
+                     annotations={labels.LWS_SIZE: "4", labels.ANN_GROUP_DOMAIN: "anywhere"}),
+                 GroupRef("team-a/leaderworkerset/vllm-2", "leaderworkerset team-a/vllm-2", 4, ANYWHERE), id="lws"),
+    pytest.param(pod(spec={"schedulingGroup": {"podGroupName": "pg"}}, annotations={labels.ANN_GROUP_SIZE: "12"}),
+                 GroupRef("team-a/podgroup/pg", "podgroup team-a/pg", 12, PREFERRED), id="podgroup-sized"),
+    pytest.param(pod(spec={"schedulingGroup": {"podGroupName": "pg"}}),
+                 GroupRef("team-a/podgroup/pg", "podgroup team-a/pg", 0, PREFERRED), id="podgroup-unsized"),
+    pytest.param(pod(pod_labels={labels.COSCHEDULING_GROUP: "cg"}),
+                 GroupRef("team-a/coscheduling/cg", "coscheduling team-a/cg", 0, PREFERRED), id="coscheduling"),
+    pytest.param(pod(pod_labels={labels.JOBSET_NAME: "js", labels.JOBSET_REPLICATED_JOB: "workers",
+                                 labels.JOBSET_JOB_INDEX: "1"}, annotations={labels.ANN_GROUP_SIZE: "2"}),
+                 GroupRef("team-a/jobset/js-workers-1", "jobset team-a/js-workers-1", 2, PREFERRED), id="jobset"),
+    pytest.param(pod(pod_labels={labels.JOB_NAME: "j"}, annotations={labels.JOB_COMPLETION_INDEX: "0"}),
+                 GroupRef("team-a/job/j", "job team-a/j", 0, PREFERRED), id="indexed-job"),
+    pytest.param(pod(pod_labels={labels.JOB_NAME: "j"}), None, id="non-indexed-job"),
+    pytest.param(pod(pod_labels={labels.LWS_NAME: "vllm"}), None, id="lws-without-size"),
+    pytest.param(pod(), None, id="none"),
+    pytest.param({"metadata": "junk"}, None, id="junk-metadata"),
+])
+def test_group_of_reads_each_convention(p: dict[str, Any], want: GroupRef | None) -> None:
+    assert group_of(p) == want
+
+
+@pytest.mark.parametrize(("p", "error"), [
+    pytest.param(pod(annotations={labels.ANN_GROUP: "t"}), "without gpu-tailor.io/group-size", id="no-size"),
+    pytest.param(pod(annotations={labels.ANN_GROUP: " ", labels.ANN_GROUP_SIZE: "2"}), "is empty", id="no-name"),
+    pytest.param(pod(annotations={labels.ANN_GROUP: "t", labels.ANN_GROUP_SIZE: "two"}), "whole number",
+                 id="size-not-a-number"),
+    pytest.param(pod(annotations={labels.ANN_GROUP: "t", labels.ANN_GROUP_SIZE: "0"}), "1 to 10000", id="size-0"),
+    pytest.param(pod(annotations={labels.ANN_GROUP: "t", labels.ANN_GROUP_SIZE: "2",
+                                  labels.ANN_GROUP_DOMAIN: "rack"}), "expected one of required", id="domain"),
+    pytest.param(pod(pod_labels={labels.KUEUE_GROUP: "g"}), "without kueue.x-k8s.io/pod-group-total-count",
+                 id="kueue-no-count"),
+])
+def test_bad_group_asks_say_why(p: dict[str, Any], error: str) -> None:
+    with pytest.raises(GroupError, match=error):
+        group_of(p)
