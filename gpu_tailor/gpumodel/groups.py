@@ -64,14 +64,15 @@ def _domain(annotations: dict[str, Any]) -> str:
     return ask
 
 
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def group_of(pod: dict[str, Any]) -> GroupRef | None:
     """The pod's group, or None where it names none; ``GroupError`` where its group ask cannot be read."""
-    meta = pod.get("metadata")
-    meta = meta if isinstance(meta, dict) else {}
-    pod_labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
-    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    meta = _dict(pod.get("metadata"))
+    pod_labels, annotations, spec = _dict(meta.get("labels")), _dict(meta.get("annotations")), _dict(pod.get("spec"))
     ns = str(meta.get("namespace") or "")
-    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
     stated = annotations.get(labels.ANN_GROUP_SIZE)
 
     def ref(kind: str, name: str, size: int) -> GroupRef:

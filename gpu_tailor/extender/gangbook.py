@@ -1,0 +1,259 @@
+"""Groups placed whole in a live cluster: each group's plan, the GPUs it holds for the members not bound yet, and
+the filter's answer for a member.
+
+kube-scheduler asks about one pod at a time. The first member of a group that reaches the filter has the whole group
+planned (``gangs.plan`` on the cache's fleet with the policy: the domain, then every member's node and GPUs); where
+no domain, or no set of nodes, holds the whole group, no member passes any node and each says why. A plan holds the
+GPUs of every member not bound yet as a *reservation*: a record on the planned node, counted like an assumed pod
+(``Ledger._add``), so single pods and other groups are steered off them, until its member is seen bound there.
+Each member is filtered to its own slot's node. The plan is written on the pod it was made for
+(``gpu-tailor.io/group-plan``): a restarted extender, or its standby, reads it back with the pods and holds the same
+GPUs again. A plan whose members have not all been bound by its deadline is released (its reservations dropped, the
+reason logged and sent as an event); the members still to come are planned again, in the domain of those bound.
+
+Reservations are keyed ``namespace/~group#slot``: no pod can have that name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import numpy as np
+
+from gpu_tailor.extender.records import PodRecord, pod_uid
+from gpu_tailor.gpumodel import gangs, labels
+from gpu_tailor.gpumodel.fleet import Fleet
+from gpu_tailor.gpumodel.groups import GroupRef
+from gpu_tailor.gpumodel.policies import Policy
+from gpu_tailor.gpumodel.schedule import Demand, NodeState, shape_of
+
+log = logging.getLogger(__name__)
+
+GROUP_TIMEOUT = 300.0  # seconds a plan waits for all its members to be bound (--group-timeout)
+RESERVED = "~"  # a reservation's name starts so (no pod name can)
+KEPT_GROUPS = 4096  # groups whose bound members' nodes are kept (least recently bound dropped first)
+
+
+class Books(Protocol):
+    """What the book needs of the cache: its nodes, fleet and policy, its pod records, and how to count one."""
+
+    nodes: dict[str, NodeState]
+    pods: dict[str, PodRecord]
+    fleet: Fleet
+    policy: Policy
+
+    def _add(self, rec: PodRecord) -> None: ...
+
+    def _drop(self, rec: PodRecord) -> None: ...
+
+
+@dataclass
+class Slot:
+    node: str
+    gpus: tuple[int, ...]
+    member: str = ""  # the uid of the pod it is for, once one was filtered
+    bound: bool = False
+
+
+@dataclass
+class Plan:
+    """A group's plan: every member's node and GPUs in ``domain`` ("" where spread), until ``deadline`` (wall)."""
+
+    ref: GroupRef
+    demand: Demand
+    domain: str
+    slots: list[Slot]
+    deadline: float
+    anchor: str  # namespace/name of the pod it was made for, which carries it
+    written: bool = False
+
+    def wire(self) -> str:
+        return json.dumps({"group": self.ref.key, "size": self.ref.size, "domain": self.domain,
+                           "deadline": round(self.deadline, 3),
+                           "slots": [[s.node, list(s.gpus), s.member] for s in self.slots]}, separators=(",", ":"))
+
+    def reservation(self, i: int) -> str:
+        ns = self.ref.key.split("/", 1)[0]
+        return f"{ns}/{RESERVED}{self.ref.key.split('/', 1)[1].replace('/', '-')}#{i}"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The filter's answer for a member: only ``node`` passes, or none does (``reason``)."""
+
+    node: str | None
+    reason: str = ""
+
+
+@dataclass
+class GroupBook:
+    timeout: float = GROUP_TIMEOUT
+    wall: Callable[[], float] = field(default=lambda: 0.0)
+    plans: dict[str, Plan] = field(default_factory=dict)  # by group key
+    members: dict[str, tuple[str, int]] = field(default_factory=dict)  # member uid -> (group key, slot)
+    released: list[tuple[Plan, str]] = field(default_factory=list)  # for the server to report, then cleared
+    unwritten: list[Plan] = field(default_factory=list)  # plans for the server to write on their anchor pod
+    # the nodes of each group's members seen bound, kept past its plan: the rest is planned beside them
+    settled: OrderedDict[str, list[str]] = field(default_factory=OrderedDict)
+
+    # ----- the filter -----
+    def answer(self, books: Books, pod: dict[str, Any], demand: Demand, ref: GroupRef) -> Answer:
+        """The node a member may go to, planning its group first where nothing holds a plan for it."""
+        uid = pod_uid(pod)
+        if uid in self.members:
+            key, i = self.members[uid]
+            plan = self.plans.get(key)
+            if plan is not None:
+                return Answer(plan.slots[i].node)
+        plan = self.plans.get(ref.key)
+        if plan is not None and plan.demand.units != demand.units:
+            return Answer(None, f"{ref.name}: its pods ask for different GPUs ({plan.demand.units} and "
+                                f"{demand.units} x {demand.resource}): a group's pods must ask alike")
+        if plan is None:
+            made = self._plan(books, demand, ref, pod)
+            if isinstance(made, str):
+                return Answer(None, made)
+            plan = made
+        free = [i for i, s in enumerate(plan.slots) if not s.member]
+        if not free:
+            return Answer(None, f"{ref.name} has its {ref.size} pods placed: this one is one too many")
+        i = free[0]
+        plan.slots[i].member = uid
+        self.members[uid] = (ref.key, i)
+        return Answer(plan.slots[i].node)
+
+    def _plan(self, books: Books, demand: Demand, ref: GroupRef, pod: dict[str, Any]) -> Plan | str:
+        fleet, policy = books.fleet, books.policy
+        rows = fleet.rows()
+        names = [fleet.names[r] for r in rows]
+        offering = next((o for n in names if (ns := books.nodes.get(n)) is not None
+                         and (o := ns.inventory.offering(demand.resource)) is not None), None)
+        if offering is None:
+            return f"{ref.name}: no node sells {demand.resource}"
+        shape = shape_of(demand, offering)
+        settled = [n for n in self.settled.get(ref.key, []) if n in fleet.index]
+        if len(settled) >= ref.size:
+            return f"{ref.name} has its {ref.size} pods bound: this one is one too many"
+        if settled and ref.domain != gangs.ANYWHERE:  # the rest goes beside the members bound
+            rows = rows[fleet.domain[rows] == fleet.domain[fleet.index[settled[0]]]]
+        gang = gangs.Gang(ref.size - len(settled), shape, ref.domain)
+        chosen = gangs.plan(policy, gang, None, rows)
+        if chosen is None:
+            return self._why_not(fleet, gang, ref, demand, rows)
+        domain = fleet.domain_names[chosen.domain] if chosen.domain >= 0 else ""
+        plan = Plan(ref, demand, domain if chosen.domain >= 0 and fleet.labelled[chosen.domain] else "",
+                    [Slot(fleet.names[m.node], m.gpus) for m in chosen.members], self.wall() + self.timeout,
+                    f"{(pod.get('metadata') or {}).get('namespace', '')}/{(pod.get('metadata') or {}).get('name', '')}")
+        self.install(books, plan)
+        self.unwritten.append(plan)
+        where = f"in NVLink domain {plan.domain}" if plan.domain else "over several domains" \
+            if chosen.domain < 0 else f"on node {plan.slots[0].node}"
+        log.info("%s: %d pods planned %s", ref.name, ref.size, where)
+        return plan
+
+    @staticmethod
+    def _why_not(fleet: Fleet, gang: gangs.Gang, ref: GroupRef, demand: Demand, rows: np.ndarray) -> str:
+        hold = gangs.domain_slots(fleet, gang.member, rows)
+        ask = f"{ref.size} pods of {demand.units} x {demand.resource}"
+        if gang.domain == gangs.REQUIRED:
+            return (f"{ref.name} ({ask}) fits in no NVLink domain as a whole: the most any domain holds now is "
+                    f"{int(hold.max()) if len(hold) else 0}; no pod of it is bound until all fit")
+        return (f"{ref.name} ({ask}) does not fit as a whole: the cluster holds {int(hold.sum())} of its pods now; "
+                "no pod of it is bound until all fit")
+
+    # ----- holding GPUs -----
+    def install(self, books: Books, plan: Plan) -> None:
+        """Take ``plan`` in (replacing one of its group's) and hold the GPUs of its slots not bound yet."""
+        old = self.plans.get(plan.ref.key)
+        if old is not None:
+            self._unhold(books, old)
+        self.plans[plan.ref.key] = plan
+        for i, s in enumerate(plan.slots):
+            if s.member:
+                self.members[s.member] = (plan.ref.key, i)
+            if not s.bound and s.node in books.nodes:
+                key = plan.reservation(i)
+                books._add(PodRecord("", s.node, replace(plan.demand, key=key), recorded=s.gpus,
+                                     deadline=math.inf))
+
+    def _unhold(self, books: Books, plan: Plan) -> None:
+        for i in range(len(plan.slots)):
+            rec = books.pods.get(plan.reservation(i))
+            if rec is not None:
+                books._drop(rec)
+
+    def bound(self, books: Books, uid: str, node: str) -> None:
+        """A member was seen bound (on its slot's node or not): its slot's GPUs are its own now."""
+        where = self.members.get(uid)
+        plan = self.plans.get(where[0]) if where is not None else None
+        if plan is None or where is None:
+            return
+        slot = plan.slots[where[1]]
+        if slot.bound:
+            return
+        slot.bound = True
+        self.settled.setdefault(plan.ref.key, []).append(node)
+        self.settled.move_to_end(plan.ref.key)
+        if len(self.settled) > KEPT_GROUPS:
+            self.settled.popitem(last=False)
+        rec = books.pods.get(plan.reservation(where[1]))
+        if rec is not None:
+            books._drop(rec)
+        if node != slot.node:
+            log.warning("%s: a pod planned on %s was bound on %s", plan.ref.name, slot.node, node)
+        if all(s.bound for s in plan.slots):
+            self._forget(plan)
+
+    def gone(self, books: Books, uid: str) -> None:
+        """A member was deleted before it was bound: its slot waits for another pod of the group."""
+        where = self.members.pop(uid, None)
+        plan = self.plans.get(where[0]) if where is not None else None
+        if plan is not None and where is not None and not plan.slots[where[1]].bound:
+            plan.slots[where[1]].member = ""
+
+    def _forget(self, plan: Plan) -> None:
+        self.plans.pop(plan.ref.key, None)
+        for s in plan.slots:
+            self.members.pop(s.member, None)
+
+    def expire(self, books: Books) -> None:
+        """Release the plans past their deadline: their reservations go, and the reason is kept for the server."""
+        now = self.wall()
+        for plan in [p for p in self.plans.values() if p.deadline <= now]:
+            waiting = sum(1 for s in plan.slots if not s.bound)
+            why = (f"{plan.ref.name}: {waiting} of {len(plan.slots)} pods not bound within {self.timeout:.0f}s; "
+                   "the GPUs held for them are free again")
+            log.warning("%s", why)
+            self._unhold(books, plan)
+            self._forget(plan)
+            self.released.append((plan, why))
+
+    # ----- read back -----
+    def restore(self, books: Books, pod: dict[str, Any], ref: GroupRef, demand: Demand) -> None:
+        """A pod carrying a plan (``gpu-tailor.io/group-plan``) was listed or watched: hold it again where this
+        replica holds none for the group (a restart, a standby taking over)."""
+        raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(labels.ANN_GROUP_PLAN)
+        if raw is None or ref.key in self.plans:
+            return
+        try:
+            wire = json.loads(str(raw))
+            slots = [Slot(str(n), tuple(int(g) for g in gpus), str(m)) for n, gpus, m in wire["slots"]]
+            deadline = float(wire["deadline"])
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("%s: its plan annotation cannot be read (%s): planned again", ref.name, exc)
+            return
+        if deadline <= self.wall() or len(slots) != ref.size:
+            return
+        meta = pod.get("metadata") or {}
+        plan = Plan(ref, demand, str(wire.get("domain", "")), slots, deadline,
+                    f"{meta.get('namespace', '')}/{meta.get('name', '')}", written=True)
+        for s in slots:  # members seen bound already hold their own GPUs
+            rec = next((r for r in books.pods.values() if s.member and r.uid == s.member), None)
+            s.bound = rec is not None and bool(rec.node) and not rec.node.startswith(RESERVED)
+        self.install(books, plan)
