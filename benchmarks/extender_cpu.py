@@ -42,7 +42,7 @@ from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.recorder import Recorder
 from gpu_tailor.extender.server import make_app
 from gpu_tailor.gpumodel import labels
-from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.gpumodel.dra_state import DraState
 
 
 def node(name: str) -> dict[str, Any]:

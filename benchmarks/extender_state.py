@@ -150,7 +150,7 @@ async def timed_list(cache: Cache, host: str) -> tuple[float, float, list[float]
     the loop's lag meanwhile."""
     from kubernetes_asyncio import client
 
-    from gpu_tailor.extender.server import NODE_PAGE
+    from gpu_tailor.extender.api import NODE_PAGE
     from gpu_tailor.kube.watch import _run, list_all
 
     probe = LagProbe()

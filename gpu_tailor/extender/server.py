@@ -17,13 +17,11 @@ status but 200 fails the call); preempt before the cache is synced is 503.
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
-import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import aiohttp
@@ -31,25 +29,20 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from gpu_tailor.extender import verbs
+from gpu_tailor.extender import verbs, wire
+from gpu_tailor.extender.api import ApiBinder, watches
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.pools import AgentMetrics, PoolGauges
-from gpu_tailor.extender.recorder import Changed, Recorder, Refused
-from gpu_tailor.extender.records import PodProjector, PodRecord, pod_record, pod_uid
+from gpu_tailor.extender.recorder import Recorder
+from gpu_tailor.extender.records import PodRecord, pod_record, pod_uid
 from gpu_tailor.extender.scores import MAX_SCORE
 from gpu_tailor.extender.snapshot import Snapshot
-from gpu_tailor.gpumodel import labels
-from gpu_tailor.gpumodel.inventory import node_fields
 from gpu_tailor.gpumodel.schedule import pod_key
 from gpu_tailor.kube.freshness import STALE_AFTER, Staleness
 from gpu_tailor.serving import add_probes, probes_only
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_BODY = 64 * 2**20  # a full NodeList of a big cluster is large
-ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
-NODE_PAGE = 100  # a Node object is large (images, conditions): small pages keep each parse short
-# a Binding or a read that hangs (a half-open connection) must end: it then counts as a lost answer
-API_TIMEOUT = aiohttp.ClientTimeout(total=20, sock_connect=5)
 
 
 class Binder(Protocol):
@@ -62,26 +55,6 @@ class Binder(Protocol):
         """The pod as the API has it now, None when it is gone."""
         ...
 
-
-class ApiRefused(Exception):
-    """The API server answered a write or read of bind with an error status (the pod is gone, already
-    bound, replaced, forbidden ...)."""
-
-    def __init__(self, what: str, status: int, message: str) -> None:
-        super().__init__(f"{what} answered {status}: {message}")
-        self.status = status
-
-
-def status_message(body: bytes | str | None, fallback: str) -> str:
-    """The ``message`` of the API server's Status answer; else the body cut short, else ``fallback``."""
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body or ""
-    try:
-        status = json.loads(text)
-    except json.JSONDecodeError:
-        status = None
-    if isinstance(status, dict) and isinstance(status.get("message"), str) and status["message"]:
-        return str(status["message"])
-    return text.strip()[:200] or fallback
 
 
 class Metrics:
@@ -111,7 +84,7 @@ async def _body(request: web.Request) -> Any:
     try:
         return orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
-        raise verbs.WireError(f"malformed JSON: {exc}") from exc
+        raise wire.WireError(f"malformed JSON: {exc}") from exc
 
 
 def _json(result: Any, status: int = 200) -> web.Response:
@@ -139,7 +112,7 @@ def _verb(name: str, fn: Callable[[web.Request, Any], Awaitable[Any]]) -> Callab
             if isinstance(result, dict) and result.get("Error"):
                 outcome = "error"
             return _json(result)
-        except verbs.WireError as exc:
+        except wire.WireError as exc:
             outcome = "bad-request"
             return _json({"Error": str(exc)}, status=400)
         except verbs.NotSynced as exc:
@@ -164,10 +137,10 @@ class LastArgs:
     """The last filter's or prioritize's request, read: the next one about the same pod reuses its demand."""
 
     def __init__(self) -> None:
-        self.args: verbs.ExtenderArgs | None = None
+        self.args: wire.ExtenderArgs | None = None
 
-    def read(self, body: Any) -> verbs.ExtenderArgs:
-        self.args = verbs.extender_args(body, self.args)
+    def read(self, body: Any) -> wire.ExtenderArgs:
+        self.args = wire.extender_args(body, self.args)
         return self.args
 
 
@@ -221,7 +194,7 @@ async def _preempt(request: web.Request, body: Any) -> Any:
 
 
 async def _bind(request: web.Request, body: Any) -> Any:
-    args = verbs.bind_args(body)
+    args = wire.bind_args(body)
     cache = request.app[CACHE]
     binder = request.app[BINDER].binder
     if binder is None:
@@ -271,7 +244,7 @@ async def _bind(request: web.Request, body: Any) -> Any:
     return await _bind_planned(cache, binder, args, rec, plan, failed)
 
 
-async def _bind_planned(cache: Cache, binder: Binder, args: verbs.BindArgs, rec: PodRecord, plan: verbs.BindPlan,
+async def _bind_planned(cache: Cache, binder: Binder, args: wire.BindArgs, rec: PodRecord, plan: verbs.BindPlan,
                         failed: str) -> dict[str, str]:
     cache.assume(rec, args.node, plan.placement)  # the very next filter sees it
     try:
@@ -282,7 +255,7 @@ async def _bind_planned(cache: Cache, binder: Binder, args: verbs.BindArgs, rec:
     return {"Error": ""}
 
 
-def _bound_to(pod: dict[str, Any] | None, args: verbs.BindArgs) -> str:
+def _bound_to(pod: dict[str, Any] | None, args: wire.BindArgs) -> str:
     """The node a pod read back is bound to ("" when it is not, is gone, or is another pod of that name)."""
     if pod is None or (args.uid and (pod.get("metadata") or {}).get("uid") != args.uid):
         return ""
@@ -297,7 +270,7 @@ def _apply_read_back(cache: Cache, rec: PodRecord, pod: dict[str, Any] | None) -
         cache.apply_pod("MODIFIED", pod)
 
 
-async def _after_failed_binding(cache: Cache, binder: Binder, args: verbs.BindArgs, rec: PodRecord,
+async def _after_failed_binding(cache: Cache, binder: Binder, args: wire.BindArgs, rec: PodRecord,
                                 error: str) -> dict[str, str]:
     """A Binding failed: the pod is read back before anything is freed.
 
@@ -410,97 +383,6 @@ def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT
     return app
 
 
-class ApiBinder:
-    """Binds with one call: a Binding whose annotations carry the GPUs chosen (the API server writes
-    a Binding's annotations onto the pod in the same update that sets its node, so the record and the
-    binding cannot part), with the pod's uid as a precondition (a pod recreated under the same name
-    is not bound). Raises ``ApiRefused`` when the API server says no."""
-
-    def __init__(self, api: Any) -> None:
-        from kubernetes_asyncio import client
-
-        self.core = client.CoreV1Api(api)
-
-    async def bind(self, namespace: str, name: str, uid: str, node: str, gpus: str | None,
-                   among: str | None = None) -> None:
-        # a plain dict, as the API takes it: the client's V1Binding models cost more to build and
-        # serialise than the call itself, on every pod
-        meta: dict[str, Any] = {"name": name, "namespace": namespace}
-        if uid:
-            meta["uid"] = uid
-        if gpus is not None:
-            meta["annotations"] = {labels.ANN_GPUS: gpus}
-            if among is not None:
-                meta["annotations"][labels.ANN_GPUS_AMONG] = among
-        binding: Any = {"metadata": meta, "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
-        # The API server answers a Binding with a Status, which the client cannot read as a V1Binding, so
-        # the answer is taken raw -- and a raw answer never raises: its status is checked here.
-        status, text = await _raw(self.core.create_namespaced_binding(namespace, binding, _preload_content=False,
-                                                                      _request_timeout=API_TIMEOUT))
-        if not 200 <= status < 300:
-            raise ApiRefused("Binding", status, status_message(text, "no message"))
-
-    async def patch_pod(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
-        """A merge patch of the pod (``recorder.record_patch``); ``Refused`` when the API server says no for
-        good (gone, replaced), ``ApiRefused`` for other errors (retried)."""
-        status, text = await _raw(self.core.patch_namespaced_pod(
-            name, namespace, patch, _preload_content=False, _request_timeout=API_TIMEOUT,
-            _content_type="application/merge-patch+json"))  # type: ignore[call-arg]  # passed on to the request
-        if status == 409:
-            raise Changed(status_message(text, "conflict"))
-        if status in (403, 404, 422):
-            raise Refused(f"{status}: {status_message(text, 'no message')}")
-        if not 200 <= status < 300:
-            raise ApiRefused("writing the record", status, status_message(text, "no message"))
-
-    async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        # raw, so the pod is the API's JSON (camelCase), as the watch delivers it
-        status, text = await _raw(self.core.read_namespaced_pod(name, namespace, _preload_content=False,
-                                                                _request_timeout=API_TIMEOUT))
-        if status == 404:
-            return None
-        if not 200 <= status < 300:
-            raise ApiRefused("reading the pod", status, status_message(text, "no message"))
-        pod = json.loads(text)
-        if not isinstance(pod, dict):
-            raise ApiRefused("reading the pod", status, "not a Pod object")
-        return pod
-
-
-async def _raw(call: Awaitable[Any]) -> tuple[int, bytes]:
-    """Status and body of a request made with ``_preload_content=False`` (an aiohttp response)."""
-    resp = await call
-    try:
-        return int(resp.status), bytes(await resp.read())
-    finally:
-        resp.release()
-
-
-def watches(api: Any, cache: Cache, dra: bool = True) -> list[Coroutine[Any, Any, None]]:
-    """The cache's writers: nodes, the pods that can hold GPUs, the node agents' reports, and with ``dra`` NVIDIA's
-    DRA pools where the API server serves them."""
-    from kubernetes_asyncio import client
-
-    from gpu_tailor.kube.dra import dra_watches
-    from gpu_tailor.kube.freshness import Freshness
-    from gpu_tailor.kube.reports import report_watch
-    from gpu_tailor.kube.watch import list_and_watch
-
-    core = client.CoreV1Api(api)
-    nodes = cache.freshness["nodes"] = Freshness(cache.clock)
-    pods = cache.freshness["pods"] = Freshness(cache.clock)
-    # Finished pods hold nothing, so the API server is asked not to send them: a pod that
-    # succeeds or fails leaves the selection, and the watch reports it DELETED.
-    active = functools.partial(core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
-    # on until discovery says the API server serves no resource.k8s.io/v1; off for good with ``--dra off``
-    cache.dra.enabled = dra
-    return [*([dra_watches(api, cache.dra, cache.freshness)] if dra else []),
-            report_watch(api, cache.reset_reports, cache.apply_report, cache.freshness),
-            list_and_watch(core.list_node, None, cache.apply_node, relist=cache.relist_nodes,
-                           project=node_fields, freshness=nodes, page=NODE_PAGE, freeze_gc=True),
-            list_and_watch(active, None, cache.apply_pod, relist=cache.relist_pods,
-                           project=PodProjector(cache.holds_version),
-                           freshness=pods, freeze_gc=True)]
 
 
 def watch_ctx(cache: Cache, kubeconfig: str | None, in_cluster: bool, dra: bool = True) -> Any:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from gpu_tailor.extender.records import PodRecord
-from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.gpumodel.fleet import Fleet
 from gpu_tailor.gpumodel.inventory import Offering
 from gpu_tailor.gpumodel.policies import TailorPolicy

@@ -16,7 +16,7 @@ from typing import Any
 from gpu_tailor.gpumodel import devices, labels
 from gpu_tailor.gpumodel.ask import PodAsk, Topology, from_pod, kube_effective
 from gpu_tailor.gpumodel.devices.base import Fit as Fit
-from gpu_tailor.gpumodel.dra import GpuColumn
+from gpu_tailor.gpumodel.dra_usage import GpuColumn
 from gpu_tailor.gpumodel.fleet import PICK_ANY, PICK_FIRST, PICK_LEAST_FREE, PICK_MOST_FREE, Shape
 from gpu_tailor.gpumodel.inventory import BackingKind, HealthState, NodeInventory, Offering, UnitsRefusal
 from gpu_tailor.gpumodel.occupancy import FULL, NodeGpus, Placement, ReplicaPolicy, parse_gpu_annotation
@@ -150,9 +150,9 @@ def fleet_row(node: NodeState) -> FleetRow:
 
 
 def dra_row(row: FleetRow, column: GpuColumn | None, inv: NodeInventory) -> FleetRow:
-    """The row of a node whose GPUs NVIDIA's DRA driver publishes (``dra.gpu_column``), where its device plugin sells
-    none (a node is one or the other): the DRA devices as its GPUs, each picked by kube-scheduler's allocator (first
-    fit, ``PICK_FIRST``), no NVLink. Else ``row`` as it is."""
+    """The row of a node whose GPUs NVIDIA's DRA driver publishes (``dra_usage.gpu_column``), where its device plugin
+    sells none (a node is one or the other): the DRA devices as its GPUs, each picked by kube-scheduler's allocator
+    (first fit, ``PICK_FIRST``), no NVLink. Else ``row`` as it is."""
     if column is None or not column.free or any(o.allocatable > 0 for o in inv.offerings):
         return row
     return replace(row, gpu_free=column.free, model=column.product or row.model, topology=None, pick=PICK_FIRST,

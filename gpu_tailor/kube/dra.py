@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.kube.freshness import WATCH_WINDOW, Freshness
 from gpu_tailor.kube.podfields import mapping, pick, plain
 

@@ -31,17 +31,10 @@ from typing import Any
 
 from gpu_tailor.extender.scores import node_order
 from gpu_tailor.gpumodel.ask import Isolation, from_pod
-from gpu_tailor.gpumodel.devices.dra import (
-    GPU_CLASS,
-    MIG_CLASS,
-    DraRefusal,
-    allocate,
-    claim_preference,
-    ladders_for,
-    node_picks,
-    on_node,
-)
-from gpu_tailor.gpumodel.dra import DRIVER, DraInventory, Usage, read_slices
+from gpu_tailor.gpumodel.devices.dra import DraRefusal, allocate, claim_preference, ladders_for, node_picks, on_node
+from gpu_tailor.gpumodel.devices.dra_rungs import GPU_CLASS, MIG_CLASS
+from gpu_tailor.gpumodel.dra import DRIVER, DraInventory, read_slices
+from gpu_tailor.gpumodel.dra_usage import Usage
 from gpu_tailor.gpumodel.fleet import MILLI
 from gpu_tailor.gpumodel.mig import H100_80GB, MigSku, layouts, placed_together
 from gpu_tailor.simulate.trace import TracePod, _curve, arrivals

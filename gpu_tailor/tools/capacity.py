@@ -14,8 +14,9 @@ from typing import Any
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.snapshot import NodeInfo
 from gpu_tailor.gpumodel.devices.base import BackingKind, HealthState, Offering
-from gpu_tailor.gpumodel.devices.dra import DraState
-from gpu_tailor.gpumodel.dra import DeviceType, can_carve, counted_memory
+from gpu_tailor.gpumodel.dra import DeviceType
+from gpu_tailor.gpumodel.dra_state import DraState
+from gpu_tailor.gpumodel.dra_usage import can_carve, counted_memory
 from gpu_tailor.gpumodel.fleet import MILLI, Fleet
 from gpu_tailor.gpumodel.policies.fgd import FgdPolicy, Mix
 from gpu_tailor.gpumodel.quantity import GIB

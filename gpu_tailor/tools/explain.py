@@ -19,7 +19,7 @@ from typing import Any
 import jsonpatch
 import yaml
 
-from gpu_tailor.extender import verbs
+from gpu_tailor.extender import verbs, wire
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.records import pod_record
 from gpu_tailor.gpumodel import labels
@@ -255,7 +255,7 @@ def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
     if not passing:
         return list(verdicts.values()), demand
     snap = cache.snapshot()
-    args = verbs.extender_args({"Pod": stored, "NodeNames": passing})
+    args = wire.extender_args({"Pod": stored, "NodeNames": passing})
     result = verbs.filter_nodes(snap, args)
     for failures, unresolvable in ((result["FailedNodes"], False), (result["FailedAndUnresolvableNodes"], True)):
         for name, reason in failures.items():
@@ -265,7 +265,7 @@ def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
         asked = verbs.shape_asked(snap, args)
         if asked is not None:
             cache.observe(*asked)  # as the server does before it scores: the pod is part of the mix
-        scored = verbs.prioritize(snap, verbs.extender_args({"Pod": stored, "NodeNames": fitting}))
+        scored = verbs.prioritize(snap, wire.extender_args({"Pod": stored, "NodeNames": fitting}))
         rec = pod_record(stored, demand)
         for entry in scored:
             name = entry["Host"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.gpumodel.report import GROUP, KIND, PLURAL, VERSION
 from gpu_tailor.kube.clusterfile import ClusterFileError, parse_cluster
 

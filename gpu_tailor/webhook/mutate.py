@@ -19,7 +19,7 @@ from gpu_tailor.gpumodel.ask import ContainerAsk, Isolation, PodAsk, from_pod
 from gpu_tailor.gpumodel.catalog import Candidate, NoFit, OfferingChoice, choose, free_somewhere
 from gpu_tailor.gpumodel.devices import dra as claims
 from gpu_tailor.gpumodel.devices.base import GPU_TOLERATION, MANAGED_TOLERATION, Toleration
-from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.gpumodel.inventory import UnitsRefusal
 from gpu_tailor.gpumodel.resources import parse_resource
 from gpu_tailor.webhook import guard, shape

@@ -26,7 +26,7 @@ from typing import Any
 from gpu_tailor.gpumodel import catalog
 from gpu_tailor.gpumodel.ask import from_pod
 from gpu_tailor.gpumodel.catalog import Candidate, from_inventories
-from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
 from gpu_tailor.kube.freshness import STALE_AFTER, Freshness
 from gpu_tailor.webhook.config import AdmissionPolicy, DeclaredOffering

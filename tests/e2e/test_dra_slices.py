@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_tailor.gpumodel.dra import DeviceType, read_slices, smallest_holding
+from gpu_tailor.gpumodel.dra import DeviceType, read_slices
+from gpu_tailor.gpumodel.dra_usage import smallest_holding
 from tests.e2e.cluster import Release
 from tests.e2e.kube import ApiError, api_path
 from tests.e2e.services import Stack

@@ -9,11 +9,11 @@ import copy
 import json
 from typing import Any
 
-from gpu_tailor.extender import verbs
+from gpu_tailor.extender import verbs, wire
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.records import pod_record
 from gpu_tailor.gpumodel import labels
-from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.gpumodel.dra_state import DraState
 from tests.extender.builders import NODE_NAMES, cluster, gpu_pod, pod_of
 from tests.gpumodel.dra_slices import a100_mig, device_classes, hgx, plain_node, shared_t4
 
@@ -159,9 +159,9 @@ def test_where_dra_serves_native_gpus_follows_a_node_that_starts_selling_them() 
     comes, goes, or starts selling the resource through the device plugin."""
     cache = dra_cache()
     pod = gpu_pod("two", 2)
-    assert set(DRA_NODES) <= verbs.dra_served(cache.snapshot(), verbs.extender_args(body(pod, DRA_NODES)).demand)
+    assert set(DRA_NODES) <= verbs.dra_served(cache.snapshot(), wire.extender_args(body(pod, DRA_NODES)).demand)
     cache.dra.apply_claim("ADDED", held("dra-h100-hgx-0", "gpu-0"))
-    demand = verbs.extender_args(body(pod, DRA_NODES)).demand
+    demand = wire.extender_args(body(pod, DRA_NODES)).demand
     assert "dra-h100-hgx-0" in verbs.dra_served(cache.snapshot(), demand)
     selling = plain_node("dra-h100-hgx-0")
     for key in ("capacity", "allocatable"):

@@ -10,11 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from gpu_tailor.extender import verbs
+from gpu_tailor.extender import verbs, wire
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.gpumodel.devices import dra as claims
-from gpu_tailor.gpumodel.devices.dra import DraState
-from gpu_tailor.gpumodel.dra import Usage, gpu_column, read_slices
+from gpu_tailor.gpumodel.dra import read_slices
+from gpu_tailor.gpumodel.dra_state import DraState
+from gpu_tailor.gpumodel.dra_usage import Usage, gpu_column
 from gpu_tailor.gpumodel.fleet import MILLI, PICK_ANY, PICK_FIRST, Fleet, Shape, candidates
 from gpu_tailor.gpumodel.policies import POLICIES
 from tests.extender.builders import cluster, gpu_pod
@@ -155,7 +156,7 @@ def test_the_policy_learns_a_claims_share_of_the_gpus() -> None:
 
 def test_the_nodes_dra_serves_a_native_ask_on_follow_the_slices_and_classes() -> None:
     cache = dra_cluster([hgx(), shared_t4()])
-    demand = verbs.extender_args({"Pod": gpu_pod("two", 2), "NodeNames": []}).demand
+    demand = wire.extender_args({"Pod": gpu_pod("two", 2), "NodeNames": []}).demand
     assert verbs.dra_served(cache.snapshot(), demand) == {"dra-h100-hgx-0", "dra-t4-shared-0"}
     cache.dra.apply_slice("DELETED", shared_t4())  # the nodes unchanged, DRA not: asked again
     assert verbs.dra_served(cache.snapshot(), demand) == {"dra-h100-hgx-0"}

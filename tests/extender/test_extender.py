@@ -13,9 +13,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpu_tailor.extender import cache as cache_module
 from gpu_tailor.extender import snapshot as snapshot_module
-from gpu_tailor.extender import verbs
+from gpu_tailor.extender import verbs, wire
+from gpu_tailor.extender.api import ApiBinder, ApiRefused
 from gpu_tailor.extender.cache import Cache
-from gpu_tailor.extender.server import ApiBinder, ApiRefused, make_app
+from gpu_tailor.extender.server import make_app
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.fleet import MILLI
 from gpu_tailor.gpumodel.inventory import NodeInventory, Offering
@@ -608,20 +609,20 @@ def test_prioritize_right_after_filter_reuses_the_demand_read_for_the_same_pod(m
         reads.append(pod["metadata"]["name"])
         return demand_of(pod)
 
-    monkeypatch.setattr(verbs, "demand_of", read)
+    monkeypatch.setattr(wire, "demand_of", read)
     body = args("filter-nodecache-true-pod-gpu4")
-    first = verbs.extender_args(body)
-    again = verbs.extender_args(copy.deepcopy(body), first)
+    first = wire.extender_args(body)
+    again = wire.extender_args(copy.deepcopy(body), first)
     assert again.demand is first.demand and len(reads) == 1
 
     changed = copy.deepcopy(body)  # the same pod, at the same version even, asking for something else: read again
     changed["Pod"]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "2"},
                                                             "requests": {"nvidia.com/gpu": "2"}}
-    assert verbs.extender_args(changed, again).demand.units == 2 and len(reads) == 2
+    assert wire.extender_args(changed, again).demand.units == 2 and len(reads) == 2
     annotated = copy.deepcopy(body)
     annotated["Pod"]["metadata"]["annotations"] = {"gpu-tailor.io/topology": "nvlink"}
-    assert verbs.extender_args(annotated, again).demand.nvlink and len(reads) == 3
+    assert wire.extender_args(annotated, again).demand.nvlink and len(reads) == 3
     other = copy.deepcopy(body)  # another pod with the same spec: read
     other["Pod"]["metadata"]["uid"] = "another-uid"
-    verbs.extender_args(other, again)
+    wire.extender_args(other, again)
     assert len(reads) == 4

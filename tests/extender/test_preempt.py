@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpu_tailor.extender import verbs
+from gpu_tailor.extender import verbs, wire
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.gpumodel import labels
 from tests.conftest import load_fixture
@@ -139,14 +139,14 @@ def test_the_real_requests_keep_both_victims(fixture: str) -> None:
 ])
 def test_malformed_victims_are_a_bad_request(victims: Any) -> None:
     body = {"Pod": pod("p", 8), "NodeNameToMetaVictims": victims}
-    with pytest.raises(verbs.WireError):
+    with pytest.raises(wire.WireError):
         verbs.preempt(cluster(FULL).snapshot(), body)
 
 
 def test_full_victims_without_a_uid_are_a_bad_request() -> None:
     body = {"Pod": pod("p", 8), "NodeNameToVictims": {NODE: {"Pods": [copy.deepcopy(FULL[0])]}}}
     del body["NodeNameToVictims"][NODE]["Pods"][0]["metadata"]["uid"]
-    with pytest.raises(verbs.WireError):
+    with pytest.raises(wire.WireError):
         verbs.preempt(cluster(FULL).snapshot(), body)
 
 

@@ -14,8 +14,9 @@ import orjson
 import pytest
 import simdjson
 
-from gpu_tailor.extender.cache import POD_CHUNK, Cache
+from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.records import KNOWN, Demands, PodProjector, pod_record
+from gpu_tailor.extender.relist import POD_CHUNK
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.inventory import from_node, node_fields
 from gpu_tailor.gpumodel.schedule import demand_of

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpu_tailor.extender import verbs
+from gpu_tailor.extender import verbs, wire
 from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, node_order
 from gpu_tailor.gpumodel import labels
 from tests.conftest import node_fixture
@@ -80,7 +80,7 @@ def test_prioritize_keeps_hgx_nodes_apart_beside_a_pcie_node() -> None:
     names = [*hgx, "pcie-a"]
     snap = state.snapshot()
     out = {h["Host"]: h["Score"] for h in verbs.prioritize(snap, args("prioritize-nodecache-true-pod-gpu4", names))}
-    shape = verbs._shape(snap, verbs.extender_args(args("prioritize-nodecache-true-pod-gpu4")).demand, names)
+    shape = verbs._shape(snap, wire.extender_args(args("prioritize-nodecache-true-pod-gpu4")).demand, names)
     raw, _ = snap.policy.node_scores(shape, np.array([snap.fleet.index[n] for n in names]))
     assert min(raw[:3]) > 1000 > raw[3]  # the NVLink bonus: the squeeze's setting
     by_raw = sorted(hgx, key=lambda n: -raw[names.index(n)])
@@ -123,7 +123,7 @@ def test_a_cpu_only_pod_tied_on_the_policy_goes_to_a_node_without_gpus_and_leave
     state = cluster(extra_nodes=[_hgx(n) for n in twins])
     snap = state.snapshot()
     out = {h["Host"]: h["Score"] for h in verbs.prioritize(snap, _cpu_pod_args(names))}
-    shape = verbs._shape(snap, verbs.extender_args(_cpu_pod_args(names)).demand, names)
+    shape = verbs._shape(snap, wire.extender_args(_cpu_pod_args(names)).demand, names)
     raw, _ = snap.policy.node_scores(shape, np.array([snap.fleet.index[n] for n in names]))
     assert len(set(raw.tolist())) == 1  # the setting: the policy tells no node apart
     assert min(names, key=node_order) != "cpu-node-0"  # the old fixed order would not have picked it

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 
-from gpu_tailor.gpumodel.dra import DeviceType, Usage, allocated, read_slices, smallest_holding
+from gpu_tailor.gpumodel.dra import DeviceType, read_slices
+from gpu_tailor.gpumodel.dra_usage import Usage, allocated, smallest_holding
 from tests.gpumodel.dra_slices import GIB, H100, a100_mig, gpu, hgx, resource_slice, t4
 
 

@@ -7,16 +7,11 @@ import json
 from typing import Any
 
 from gpu_tailor.gpumodel.ask import Isolation, from_pod
-from gpu_tailor.gpumodel.devices.dra import (
-    GPU_CLASS,
-    MAX_RUNGS,
-    DraChoice,
-    DraRefusal,
-    DraState,
-    RungKind,
-    choose,
-)
-from gpu_tailor.gpumodel.dra import Usage, read_slices
+from gpu_tailor.gpumodel.devices.dra import DraChoice, DraRefusal, choose
+from gpu_tailor.gpumodel.devices.dra_rungs import GPU_CLASS, MAX_RUNGS, RungKind
+from gpu_tailor.gpumodel.dra import read_slices
+from gpu_tailor.gpumodel.dra_state import DraState
+from gpu_tailor.gpumodel.dra_usage import Usage
 from tests.gpumodel.dra_slices import A100, H100, a100_mig, device_classes, gpu, hgx, mig, resource_slice, shared_t4
 
 INV = read_slices([hgx(), a100_mig(), shared_t4()])

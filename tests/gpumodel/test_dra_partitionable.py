@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from gpu_tailor.gpumodel.ask import Isolation, from_pod
-from gpu_tailor.gpumodel.devices.dra import DraChoice, DraState, choose, claim_preference, ladders_for
-from gpu_tailor.gpumodel.dra import DRIVER, Usage, carvable, gpu_column, read_slices
+from gpu_tailor.gpumodel.devices.dra import DraChoice, choose, claim_preference, ladders_for
+from gpu_tailor.gpumodel.dra import DRIVER, read_slices
+from gpu_tailor.gpumodel.dra_state import DraState
+from gpu_tailor.gpumodel.dra_usage import Usage, carvable, gpu_column
 from tests.gpumodel.dra_slices import device_classes, dynamic_h100
 
 NODE = "dra-h100-dyn-0"

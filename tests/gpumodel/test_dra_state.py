@@ -6,8 +6,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from gpu_tailor.gpumodel.devices.dra import CHANGES, DraState
-from gpu_tailor.gpumodel.dra import DeviceType, Usage
+from gpu_tailor.gpumodel.dra import DeviceType
+from gpu_tailor.gpumodel.dra_state import CHANGES, DraState
+from gpu_tailor.gpumodel.dra_usage import Usage
 from tests.gpumodel.dra_slices import device_classes, dynamic_h100, hgx, shared_t4
 
 SLICES = [hgx("dra-a"), hgx("dra-b"), *dynamic_h100("dra-dyn", gpus=2), shared_t4("dra-t4")]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from gpu_tailor.extender import verbs
+from gpu_tailor.extender import verbs, wire
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.devices.base import HealthState
@@ -63,7 +63,7 @@ def test_the_extender_filters_it_as_resolvable_with_the_reason() -> None:
     body = args("filter-nodecache-true-pod-gpu4", [n["metadata"]["name"] for n in NODES])
     body["Pod"]["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-1g.5gb": "1"},
                                                          "requests": {"nvidia.com/mig-1g.5gb": "1"}}
-    out = verbs.filter_nodes(cache.snapshot(), verbs.extender_args(body))
+    out = verbs.filter_nodes(cache.snapshot(), wire.extender_args(body))
     assert not out["NodeNames"]
     assert "pending" in out["FailedNodes"]["a100-mig-mixed-0"]  # resolvable: it comes back
     assert "a100-mig-mixed-0" not in out["FailedAndUnresolvableNodes"]

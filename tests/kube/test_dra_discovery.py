@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from gpu_tailor.extender import server as extender
+from gpu_tailor.extender import api as extender
 from gpu_tailor.extender.cache import Cache
-from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.kube.dra import dra_watches
 from gpu_tailor.kube.freshness import Freshness
 from gpu_tailor.webhook import server as webhook

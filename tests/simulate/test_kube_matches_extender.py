@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpu_tailor.extender import verbs
+from gpu_tailor.extender import verbs, wire
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.records import pod_record
 from gpu_tailor.gpumodel import labels
@@ -60,7 +60,7 @@ def drive_extender(replay: ModuleType, nodes: list[Any], seq: list[SimPod], seed
         obj = replay.pod_object(pod, i, "gpu-tailor-scheduler", REPLICAS)
         obj["metadata"] |= {"namespace": "team-a", "uid": f"uid-{i}", "resourceVersion": str(1000 + 2 * i)}
         offered = [names[j] for j in np.flatnonzero(kube.fits(pod))]
-        passed = verbs.filter_nodes(cache.snapshot(), verbs.extender_args({"Pod": obj, "NodeNames": offered}))
+        passed = verbs.filter_nodes(cache.snapshot(), wire.extender_args({"Pod": obj, "NodeNames": offered}))
         left = (passed.get("NodeNames") or []) if offered else []
         if not left:
             where.append(None)
@@ -68,7 +68,7 @@ def drive_extender(replay: ModuleType, nodes: list[Any], seq: list[SimPod], seed
         node = left[0]
         if len(left) > 1:
             snap = cache.snapshot()
-            args = verbs.extender_args({"Pod": obj, "NodeNames": left})
+            args = wire.extender_args({"Pod": obj, "NodeNames": left})
             asked = verbs.shape_asked(snap, args)
             if asked is not None:
                 cache.observe(*asked)  # as extender.server's prioritize does

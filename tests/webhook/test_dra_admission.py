@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpu_tailor.gpumodel import labels
-from gpu_tailor.gpumodel.devices.dra import DraState
+from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.webhook.config import AdmissionPolicy
 from gpu_tailor.webhook.mutate import Decision, decide
 from gpu_tailor.webhook.server import ApiRefusal, Templates, make_app

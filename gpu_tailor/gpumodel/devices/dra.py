@@ -8,19 +8,8 @@ each GPU container names its request in ``resources.claims``); each container's 
 list of alternatives, *rungs*, smallest first, as choosing on device-plugin pools orders offerings: the least share
 of a GPU taken, then the least memory left over. The allocator tries the rungs in order on each node, so on every
 node the pod gets the smallest device there that holds it, and the scheduler's DynamicResources score (and
-gpu-tailor's extender) prefer nodes where an earlier rung fits.
-
-A rung selects devices by what identifies them, never by a memory comparison the allocator would make differently:
-a MIG profile (``3g.20gb``: its name is its GiB class, as on device-plugin pools), or a product for whole GPUs.
-Rungs of three kinds:
-
-- ``mig``: a MIG device of DeviceClass ``mig.nvidia.com``, for isolation ``any`` or ``mig``;
-- ``shared``: a GPU its driver publishes with ``allowMultipleAllocations`` (consumable capacity, KEP-5075): the
-  claim requests ``memory`` of it, so the allocator, not a promise, keeps the pods on it within the GPU; the
-  claim's opaque ``GpuConfig`` asks the driver to share it by time-slicing (or MPS for isolation ``mps``). NVIDIA's
-  driver today publishes no shared GPU: more than one pod per GPU is written only where a pool says it shares;
-- ``gpu``: whole GPUs (DeviceClass ``gpu.nvidia.com``), for isolation ``any`` or ``exclusive``; the only kind
-  for an ask of whole GPUs.
+gpu-tailor's extender) prefer nodes where an earlier rung fits. What each rung selects, and its three kinds, is
+``devices/dra_rungs.py``'s.
 
 Sources: kubernetes-sigs/dra-driver-nvidia-gpu (DeviceClasses in its Helm chart, ``GpuConfig`` in
 ``api/nvidia.com/resource/v1beta1``), ``resource.k8s.io/v1`` types (``firstAvailable`` at most 8 alternatives,
@@ -31,164 +20,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from collections import deque
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from gpu_tailor.gpumodel.ask import ContainerAsk, Isolation, PodAsk, Topology
-from gpu_tailor.gpumodel.dra import (
-    DRIVER,
-    ClaimHold,
-    DeviceType,
-    DraDevice,
-    DraInventory,
-    Usage,
-    carvable,
-    claim_hold,
-    read_slices,
-)
+from gpu_tailor.gpumodel.devices.dra_rungs import GPU_CLASS, MIG_CLASS, Rung, RungKind, no_rung, rungs
+from gpu_tailor.gpumodel.dra import DRIVER, DraDevice, DraInventory
+from gpu_tailor.gpumodel.dra_state import DraState
+from gpu_tailor.gpumodel.dra_usage import Usage, carvable
 from gpu_tailor.gpumodel.fleet import Shape
-from gpu_tailor.gpumodel.products import normalise
-from gpu_tailor.gpumodel.quantity import MIB, format_bytes
 
-GPU_CLASS = "gpu.nvidia.com"  # DeviceClass names of NVIDIA's chart
-MIG_CLASS = "mig.nvidia.com"
 CLAIM = "gpu-tailor"  # the pod's ``spec.resourceClaims`` entry
 TEMPLATE_PREFIX = "gpu-tailor-"
-MAX_RUNGS = 8  # firstAvailable holds at most 8 alternatives (resource.k8s.io/v1)
-CHANGES = 4096  # the changes DraState.changed_since can look back on; further back, every node counts as changed
 SHARING_API = "resource.nvidia.com/v1beta1"
-
-
-class RungKind(StrEnum):
-    MIG = "mig"
-    SHARED = "shared"
-    GPU = "gpu"
-
-
-_KIND_ORDER = {RungKind.MIG: 0, RungKind.SHARED: 1, RungKind.GPU: 2}
-
-
-@dataclass(frozen=True, slots=True)
-class Rung:
-    """One alternative of a container's request: ``count`` devices of one kind and identity."""
-
-    kind: RungKind
-    identity: str  # the MIG profile, or the GPU's productName
-    memory_bytes: int  # the least nominal memory of a device of it
-    consumed: Fraction  # share of a GPU the container takes on it
-    spare: int  # memory held beyond the ask
-    count: int = 1
-    request_bytes: int = 0  # shared: memory the claim consumes of the GPU
-    products: tuple[str, ...] = ()  # MIG: the products it may come from, where the ask names products
-    split_shared: bool = False  # some pool shares GPUs: a whole-GPU rung must not select a shared one
-
-    @property
-    def name(self) -> str:
-        """A DNS label naming the rung in the claim (``mig-3g-20gb``, ``gpu-nvidia-h100-80gb-hbm3``)."""
-        slug = re.sub(r"[^a-z0-9]+", "-", self.identity.lower()).strip("-") or "any"
-        return f"{self.kind.value}-{slug}"[:63].rstrip("-")
-
-    def matches(self, device: DraDevice) -> bool:
-        if self.kind is RungKind.MIG:
-            return device.type is DeviceType.MIG and device.profile == self.identity and (
-                not self.products or device.product in self.products)
-        return (device.type is DeviceType.GPU and device.shared == (self.kind is RungKind.SHARED)
-                and device.product == self.identity)
-
-    def describe(self) -> str:
-        what = {RungKind.MIG: f"MIG {self.identity}", RungKind.SHARED: f"{format_bytes(self.request_bytes)} of a "
-                f"shared {self.identity}", RungKind.GPU: f"{self.count} x {self.identity}"}[self.kind]
-        return f"{what} ({format_bytes(self.memory_bytes)})"
-
-    def subrequest(self) -> dict[str, Any]:
-        attr = f"device.attributes['{DRIVER}']"
-        if self.kind is RungKind.MIG:
-            cel = f"{attr}.profile == {_cel_string(self.identity)}"
-            if self.products:
-                cel += f" && {attr}.productName in [{', '.join(map(_cel_string, self.products))}]"
-        else:
-            # ``allowMultipleAllocations`` is known to CEL only where consumable capacity is on (beta from 1.36;
-            # alpha and off in 1.34 and 1.35, where naming it fails the template): named only where a pool shares
-            cel = f"{attr}.productName == {_cel_string(self.identity)}"
-            if self.kind is RungKind.SHARED:
-                cel += " && device.allowMultipleAllocations"
-            elif self.split_shared:
-                cel += " && !device.allowMultipleAllocations"
-        out: dict[str, Any] = {"name": self.name, "deviceClassName": MIG_CLASS if self.kind is RungKind.MIG
-                               else GPU_CLASS, "selectors": [{"cel": {"expression": cel}}],
-                               "allocationMode": "ExactCount", "count": self.count}
-        if self.kind is RungKind.SHARED:
-            out["capacity"] = {"requests": {"memory": f"{self.request_bytes // MIB}Mi"}}
-        return out
-
-
-def _cel_string(value: str) -> str:
-    return json.dumps(value)  # a CEL string literal: double quotes, backslash escapes
-
-
-def _ceil_mib(value: Fraction) -> int:
-    return -(-value // MIB) * MIB if value > 0 else 0
-
-
-def _product_ok(products: tuple[str, ...], product: str) -> bool:
-    if not products:
-        return True
-    p = normalise(product.replace(" ", "-"))
-    return any(p.matches(w) for w in products)
-
-
-def _rung(kind: RungKind, identity: str, devices: list[DraDevice], container: ContainerAsk,
-          isolation: Isolation, products: tuple[str, ...]) -> Rung | None:
-    """The rung of these devices that meets ``container``, or None when they cannot."""
-    memory = min(d.nominal_memory_bytes for d in devices)
-    want = container.memory_bytes
-    whole = container.whole_gpus
-    if kind is RungKind.MIG:
-        fraction = min(d.fraction for d in devices)
-        if whole or isolation not in (Isolation.ANY, Isolation.MIG) or memory < want \
-                or fraction < Fraction(container.milli, 1000):
-            return None
-        named = tuple(sorted({d.product for d in devices})) if products else ()
-        return Rung(kind, identity, memory, fraction, memory - want, products=named)
-    if kind is RungKind.SHARED:
-        if whole or isolation not in (Isolation.ANY, Isolation.TIME_SLICING, Isolation.MPS):
-            return None
-        need = _ceil_mib(max(Fraction(want), Fraction(container.milli, 1000) * memory))  # whole MiB, never less
-        if need > memory:
-            return None
-        return Rung(kind, identity, memory, Fraction(need, memory), need - want, request_bytes=need)
-    if isolation not in (Isolation.ANY, Isolation.EXCLUSIVE) or memory < want:
-        return None
-    count = whole or 1
-    return Rung(kind, identity, memory, Fraction(count), memory * count - want * count, count=count)
-
-
-def rungs(container: ContainerAsk, isolation: Isolation, products: tuple[str, ...], inv: DraInventory,
-          classes: Iterable[str] = (GPU_CLASS, MIG_CLASS)) -> list[Rung]:
-    """Every way the cluster's DRA pools can meet one container, smallest first (at most ``MAX_RUNGS``); only
-    kinds whose DeviceClass exists."""
-    have = set(classes)
-    groups: dict[tuple[RungKind, str], list[DraDevice]] = {}
-    for pool in inv.pools.values():
-        for d in pool.devices.values():
-            if not _product_ok(products, d.product):
-                continue
-            if d.type is DeviceType.MIG:
-                if MIG_CLASS in have and d.profile:
-                    groups.setdefault((RungKind.MIG, d.profile), []).append(d)
-            elif GPU_CLASS in have and d.product:
-                groups.setdefault((RungKind.SHARED if d.shared else RungKind.GPU, d.product), []).append(d)
-    split = any(kind is RungKind.SHARED for kind, _ in groups)
-    found = [replace(r, split_shared=split) for (kind, identity), devices in groups.items()
-             if (r := _rung(kind, identity, devices, container, isolation, products)) is not None]
-    found.sort(key=lambda r: (r.consumed, r.spare, _KIND_ORDER[r.kind], r.identity))
-    return found[:MAX_RUNGS]
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +117,7 @@ def ladders_for(ask: PodAsk, isolation: Isolation, inv: DraInventory,
                               "publishes no NVLink topology to select them by")
         found = rungs(c, isolation, ask.products, inv, classes)
         if not found:
-            return DraRefusal(f"container {c.name}: {_no_rung(c, isolation, ask.products, inv, classes)}")
+            return DraRefusal(f"container {c.name}: {no_rung(c, isolation, ask.products, inv, classes)}")
         key = container_key(c)
         requests[key] = f"gpu-{len(ladders)}"
         ladders[key] = tuple(found)
@@ -352,9 +199,9 @@ def allocate(usage: Usage, pick: Pick) -> None:
 def fleet_shape(ladders: Ladders, cpu_milli: int, memory_mib: int) -> tuple[Shape, bool] | None:
     """A claim as a placement fleet's shape, where one holds it whatever node it lands on, and whether it is a share of
     a shared device: one request whose every rung takes the same number of whole GPUs, or the same share of a shared
-    GPU (its memory in thousandths of the device's, rounded down as ``dra.gpu_column`` rounds what is left, so that
-    a device the claim fills exactly is seen to hold it); None for anything else (MIG rungs, several requests, rungs
-    of several kinds), which is ranked by ``claim_preference`` instead."""
+    GPU (its memory in thousandths of the device's, rounded down as ``dra_usage.gpu_column`` rounds what is left, so
+    that a device the claim fills exactly is seen to hold it); None for anything else (MIG rungs, several requests,
+    rungs of several kinds), which is ranked by ``claim_preference`` instead."""
     if len(ladders) != 1:
         return None
     ladder = next(iter(ladders.values()))
@@ -386,185 +233,6 @@ def claim_template(requests: dict[str, str], ladders: dict[str, tuple[Rung, ...]
                          "labels": {"app.kubernetes.io/managed-by": "gpu-tailor"}},
             "spec": spec}
 
-
-def _no_rung(container: ContainerAsk, isolation: Isolation, products: tuple[str, ...], inv: DraInventory,
-             classes: tuple[str, ...]) -> str:
-    needs = []
-    if container.whole_gpus:
-        needs.append(f"{container.whole_gpus} whole GPUs")
-    elif container.milli:
-        needs.append(f"{container.milli} milli-GPU")
-    if container.memory_bytes:
-        needs.append(f"{format_bytes(container.memory_bytes)} of GPU memory")
-    head = f"needs {' and '.join(needs)}"
-    if isolation is not Isolation.ANY:
-        head += f" with isolation {isolation.value}"
-    devices = [d for p in inv.pools.values() for d in p.devices.values() if _product_ok(products, d.product)]
-    if products and not devices:
-        return f"{head}; no DRA device is a {'|'.join(products)}"
-    missing = [c for c in (GPU_CLASS, MIG_CLASS) if c not in classes]
-    if missing:
-        head += f" (DeviceClass {', '.join(missing)} does not exist)"
-    if not devices:
-        return f"{head}; no DRA device can be allocated"
-    big = max(devices, key=lambda d: (d.nominal_memory_bytes, d.fraction))
-    kind = f"MIG {big.profile}" if big.type is DeviceType.MIG else big.product
-    return f"{head}; the largest DRA device is {kind} ({format_bytes(big.nominal_memory_bytes)})"
-
-
-@dataclass
-class DraState:
-    """What a service keeps of DRA from the API: the driver's slices, each allocated claim's hold, the DeviceClasses
-    that exist (and the extended resources they serve, KEP-5004). ``inventory`` and ``usage`` are recomputed only
-    after a change. ``enabled`` is False where the API server serves no ``resource.k8s.io/v1``."""
-
-    enabled: bool = True
-    slices: dict[str, dict[str, Any]] = field(default_factory=dict)  # by name
-    holds: dict[str, ClaimHold] = field(default_factory=dict)  # claim uid -> ClaimHold
-    classes: dict[str, str] = field(default_factory=dict)  # DeviceClass name -> its extendedResourceName ("")
-    synced: set[str] = field(default_factory=set)  # "slices", "claims", "classes" once listed
-    version: int = 0  # counts changes to the slices, the claims' holds and the classes
-    layout: int = 0  # counts changes to the slices and the classes alone: what each node's pools are and serve
-    _inventory: DraInventory | None = None
-    _usage: Usage | None = None
-    # (version, the nodes whose devices' use it changed, or None: any node may have changed), the last CHANGES of them
-    _changes: deque[tuple[int, frozenset[str] | None]] = field(default_factory=lambda: deque(maxlen=CHANGES))
-    _free: dict[str, int] = field(default_factory=dict)  # node -> whole GPUs free there (``free_gpus``)
-
-    KINDS = ("slices", "claims", "classes")
-
-    def _changed(self, nodes: frozenset[str] | None = None) -> None:
-        self.version += 1
-        self._changes.append((self.version, nodes))
-        if nodes is None:
-            self.layout += 1
-            self._free.clear()
-        else:
-            for node in nodes:
-                self._free.pop(node, None)
-
-    def free_gpus(self, node: str) -> int:
-        """The GPUs a claim could take whole on ``node`` now (devices of type gpu, not shared, not held), kept until
-        a change reaches the node."""
-        free = self._free.get(node)
-        if free is None:
-            usage = self.usage()
-            free = self._free[node] = sum(1 for p in self.inventory().on_node(node) for d in p.devices.values()
-                                          if d.type is DeviceType.GPU and not d.shared and usage.free(d))
-        return free
-
-    def changed_since(self, version: int) -> set[str] | None:
-        """The nodes whose DRA devices or their use changed after ``version``: an allocated or released claim
-        changes its devices' nodes alone. None where any node may have (slices or classes changed, or ``version`` is
-        older than the changes kept)."""
-        if version == self.version:
-            return set()
-        if not self._changes or self._changes[0][0] > version + 1:
-            return None
-        out: set[str] = set()
-        for at, nodes in reversed(self._changes):
-            if at <= version:
-                break
-            if nodes is None:
-                return None
-            out |= nodes
-        return out
-
-    @property
-    def ready(self) -> bool:
-        return not self.enabled or self.synced >= set(self.KINDS)
-
-    def inventory(self) -> DraInventory:
-        if self._inventory is None:
-            self._inventory = read_slices(self.slices.values())
-        return self._inventory
-
-    def usage(self) -> Usage:
-        if self._usage is None:
-            self._usage = Usage.of(self.holds.values(), self.inventory())  # counted against the pools' counters
-        return self._usage
-
-    def extended(self) -> dict[str, str]:
-        """Extended resource -> the DeviceClass that serves it through DRA on nodes that do not sell it."""
-        return {r: c for c, r in sorted(self.classes.items()) if r}
-
-    def reset_slices(self, items: list[dict[str, Any]]) -> None:
-        self.slices = {_name(s): s for s in items if _driver(s) == DRIVER}
-        self.synced.add("slices")
-        self._inventory = self._usage = None
-        self._changed()
-
-    def apply_slice(self, event: str, obj: dict[str, Any]) -> None:
-        name = _name(obj)
-        if event == "DELETED" or _driver(obj) != DRIVER:
-            if self.slices.pop(name, None) is None:
-                return
-        else:
-            self.slices[name] = obj
-        self._inventory = self._usage = None
-        self._changed()
-
-    def reset_claims(self, items: list[dict[str, Any]]) -> None:
-        self.holds = {_uid(c): h for c in items if (h := claim_hold(c))}
-        self.synced.add("claims")
-        self._usage = None
-        self._changed()
-
-    def apply_claim(self, event: str, obj: dict[str, Any]) -> None:
-        hold = claim_hold(obj) if event != "DELETED" else None
-        before = self.holds.pop(_uid(obj), None)
-        if hold:
-            self.holds[_uid(obj)] = hold
-        if before == (hold or None):
-            return
-        if self._usage is not None:  # this claim alone counted again, on a copy: a usage handed out stays as it was
-            usage, inv = self._usage.copy(), self.inventory()
-            if before:
-                usage.remove(before, inv)
-            if hold:
-                usage.add(hold, inv)
-            self._usage = usage
-        pools = self.inventory().pools
-        self._changed(frozenset(pools[pool].node for h in (before, hold) if h
-                                for _, pool, _ in (*h.devices, *(key for key, _ in h.consumed)) if pool in pools))
-
-    def reset_classes(self, items: list[dict[str, Any]]) -> None:
-        self.classes = dict(filter(None, map(_device_class, items)))
-        self.synced.add("classes")
-        self._changed()
-
-    def apply_class(self, event: str, obj: dict[str, Any]) -> None:
-        entry = _device_class(obj)
-        if entry is None:
-            return
-        if event == "DELETED":
-            self.classes.pop(entry[0], None)
-        else:
-            self.classes[entry[0]] = entry[1]
-        self._changed()
-
-
-def _name(obj: dict[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("name", ""))
-
-
-def _uid(obj: dict[str, Any]) -> str:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("uid") or f"{meta.get('namespace', '')}/{meta.get('name', '')}")
-
-
-def _driver(obj: dict[str, Any]) -> Any:
-    spec = obj.get("spec")
-    return spec.get("driver") if isinstance(spec, dict) else None
-
-
-def _device_class(obj: dict[str, Any]) -> tuple[str, str] | None:
-    name = _name(obj)
-    if not name:
-        return None
-    spec = obj.get("spec")
-    resource = spec.get("extendedResourceName") if isinstance(spec, dict) else None
-    return name, resource if isinstance(resource, str) else ""
 
 
 def on_node(inv: DraInventory, node: str) -> DraInventory:
