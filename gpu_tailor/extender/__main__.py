@@ -13,8 +13,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpu_tailor.extender.cache import Cache
+from gpu_tailor.extender.gangbook import GROUP_TIMEOUT
 from gpu_tailor.extender.server import DEFAULT_MAX_BODY, make_app, watch_ctx
 from gpu_tailor.gpumodel.policies import Prior, configure
+from gpu_tailor.gpumodel.schedule import DOMAIN_LABELS
 from gpu_tailor.serving import CertReloader, serve_until_stopped, split_listen, tls_context
 
 
@@ -35,11 +37,16 @@ class Settings(BaseModel):
     # placements the policy scores alike: rank | whole | blocks | multi-blocks (gpumodel.policies.TIES)
     ties: Literal["rank", "whole", "blocks", "multi-blocks"] = "multi-blocks"
     prior: PriorSettings = Field(default_factory=PriorSettings)
+    # node labels naming an NVLink domain (a rack, a network block), read before GFD's nvidia.com/gpu.clique
+    domainLabels: list[str] = Field(default_factory=list, max_length=8)
+    groupTimeoutSeconds: float = Field(default=GROUP_TIMEOUT, ge=10, le=86_400)  # a group plan's wait for its pods
 
     def apply(self, cache: Cache) -> None:
-        """The tie-break and the prior, on the cache's policy."""
+        """The tie-break and the prior, on the cache's policy; where NVLink domains are read; how long a plan waits."""
         p = self.prior
         configure(cache.policy, self.ties, Prior(p.weight, p.floor, p.minGpus))
+        cache.domain_keys = (*self.domainLabels, *DOMAIN_LABELS)
+        cache.groups.timeout = self.groupTimeoutSeconds
 
 
 def load_settings(path: str | None) -> Settings:

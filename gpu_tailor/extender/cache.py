@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from gpu_tailor.extender.gangbook import Answer, GroupBook, reserved
 from gpu_tailor.extender.ledger import REPORT_STALE, Ledger
 from gpu_tailor.extender.records import (
     KNOWN,
@@ -63,13 +64,15 @@ from gpu_tailor.extender.records import (
 from gpu_tailor.extender.relist import NodeRelist, PodRelist, at_once
 from gpu_tailor.extender.scores import node_order
 from gpu_tailor.extender.snapshot import NodeInfo, Snapshot, Verdicts
+from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.gpumodel.dra_usage import gpu_column
 from gpu_tailor.gpumodel.fleet import Fleet
+from gpu_tailor.gpumodel.groups import GroupError, group_of
 from gpu_tailor.gpumodel.inventory import HealthState
 from gpu_tailor.gpumodel.occupancy import Placement
 from gpu_tailor.gpumodel.policies import TailorPolicy
-from gpu_tailor.gpumodel.schedule import Demand, dra_row, fleet_row, pod_key
+from gpu_tailor.gpumodel.schedule import DOMAIN_LABELS, Demand, dra_row, fleet_row, pod_key
 from gpu_tailor.kube.freshness import Freshness
 
 log = logging.getLogger(__name__)
@@ -111,6 +114,8 @@ class Cache(Ledger):
         self.unrecorded: dict[str, tuple[str, float]] = {}
         self.last_asked = -math.inf  # clock() of the last pod filter or prioritize was asked about
         self.on_unrecorded: Callable[[], None] | None = None  # called when one is added
+        self.groups = GroupBook(wall=wall)  # groups placed whole: their plans and the GPUs held for them
+        self.domain_keys = DOMAIN_LABELS  # node labels that name an NVLink domain, first found wins
 
     @property
     def ready(self) -> bool:
@@ -178,11 +183,11 @@ class Cache(Ledger):
             self._degraded.add(name)
         else:
             self._degraded.discard(name)
-        row = fleet_row(copy)
+        row = fleet_row(copy, self.domain_keys)
         if name in self._dra_nodes:  # its GPUs may be DRA devices
             row = dra_row(row, gpu_column(self.dra.inventory().on_node(name), self.dra.usage()), inv)
         at = self.fleet.upsert(name, row.cpu_free, row.mem_free_mib, row.gpu_free, row.model, row.topology,
-                               cpu_capacity=row.cpu_capacity, pick=row.pick, step=row.step)
+                               cpu_capacity=row.cpu_capacity, pick=row.pick, step=row.step, domain=row.domain)
         self.fleet.rank[at] = node_order(name)  # ties go by a fixed node order (extender/scores.py)
         if inv.unschedulable:
             self.fleet.remove(name)
@@ -256,7 +261,7 @@ class Cache(Ledger):
     def forget(self, key: str, uid: str) -> None:
         """The Binding was refused: the pod is pending again and holds nothing."""
         rec = self.pods.get(key)
-        if rec is not None and rec.assumed and (not uid or rec.uid == uid):
+        if rec is not None and rec.assumed and (not uid or rec.uid == uid) and not reserved(key):
             self._drop(rec)
             self._add(replace(rec, node="", placement=None, deadline=None, scored=False))
 
@@ -300,6 +305,7 @@ class Cache(Ledger):
         old = self.pods.get(key)
         if event == "DELETED":
             self._deleted(uid)
+            self.groups.gone(uid)
             if old is not None and (old.uid == uid or not uid):  # not a newer pod of the same name
                 self._drop(old)
                 self.seen.discard(old.uid)
@@ -327,10 +333,38 @@ class Cache(Ledger):
             self._drop(old)
             if old.uid != uid:
                 self.seen.discard(old.uid)
+        if rec.node and uid in self.groups.members:  # a group's member: its slot's GPUs become its own first
+            self.groups.bound(self, uid, rec.node)
+        elif not rec.node and rec.demand.gpu and labels.ANN_GROUP_PLAN in (obj.get("metadata") or {}).get(
+                "annotations", {}):
+            self._restore_plan(obj, rec)
         self._add(rec)
         if record:
             del self.ours[uid]
             self._unrecorded(key, uid)
+
+    def group_answer(self, pod: dict[str, Any], demand: Demand) -> Answer | None:
+        """For a member of a group (``groups.group_of``) of a GPU pod: the one node it may go to, its group planned
+        first where no plan is held (``GroupBook.answer``), or why none; None for any other pod."""
+        if not demand.gpu or not self.ready:
+            return None
+        try:
+            ref = group_of(pod)
+        except GroupError as exc:
+            return Answer(None, str(exc))
+        if ref is None or ref.size < 2:
+            return None
+        self.groups.expire(self)
+        self.snapshot()  # the fleet's rows as they are now: the plan is made on them
+        return self.groups.answer(self, pod, demand, ref)
+
+    def _restore_plan(self, obj: dict[str, Any], rec: PodRecord) -> None:
+        try:
+            ref = group_of(obj)
+        except GroupError:
+            return
+        if ref is not None and ref.size > 1:
+            self.groups.restore(self, obj, ref, rec.demand)
 
     def _deleted(self, uid: str) -> None:
         """Remember a pod the API showed deleted: kube-scheduler, whose queue lags the watch, may still ask about it."""

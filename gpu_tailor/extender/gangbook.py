@@ -46,11 +46,18 @@ class Books(Protocol):
     nodes: dict[str, NodeState]
     pods: dict[str, PodRecord]
     fleet: Fleet
-    policy: Policy
+
+    @property
+    def policy(self) -> Policy: ...
 
     def _add(self, rec: PodRecord) -> None: ...
 
     def _drop(self, rec: PodRecord) -> None: ...
+
+
+def reserved(key: str) -> bool:
+    """Whether a record's key is a reservation's, not a pod's."""
+    return key.partition("/")[2].startswith(RESERVED)
 
 
 @dataclass
@@ -177,7 +184,7 @@ class GroupBook:
         for i, s in enumerate(plan.slots):
             if s.member:
                 self.members[s.member] = (plan.ref.key, i)
-            if not s.bound and s.node in books.nodes:
+            if not s.bound:  # a node not known yet counts it once it comes
                 key = plan.reservation(i)
                 books._add(PodRecord("", s.node, replace(plan.demand, key=key), recorded=s.gpus,
                                      deadline=math.inf))
@@ -210,7 +217,7 @@ class GroupBook:
         if all(s.bound for s in plan.slots):
             self._forget(plan)
 
-    def gone(self, books: Books, uid: str) -> None:
+    def gone(self, uid: str) -> None:
         """A member was deleted before it was bound: its slot waits for another pod of the group."""
         where = self.members.pop(uid, None)
         plan = self.plans.get(where[0]) if where is not None else None

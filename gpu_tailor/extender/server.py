@@ -37,6 +37,7 @@ from gpu_tailor.extender.recorder import Recorder
 from gpu_tailor.extender.records import PodRecord, pod_record, pod_uid
 from gpu_tailor.extender.scores import MAX_SCORE
 from gpu_tailor.extender.snapshot import Snapshot
+from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.schedule import pod_key
 from gpu_tailor.kube.freshness import STALE_AFTER, Staleness
 from gpu_tailor.serving import add_probes, probes_only
@@ -152,9 +153,28 @@ async def _filter(request: web.Request, body: Any) -> Any:
     args = request.app[LAST_ARGS].read(body)
     key, uid = pod_key(args.pod), pod_uid(args.pod)
     cache.unscore(key, uid)  # asked again: where it was ranked first last time did not take it
-    out = verbs.filter_nodes(cache.snapshot(), args)
+    member = cache.group_answer(args.pod, args.demand)
+    if cache.groups.unwritten:
+        await _write_plans(request.app, cache)
+    out = verbs.filter_nodes(cache.snapshot(), args, member)
     cache.remember(args.pod, args.demand)  # a valid body: for a bind that beats the watch
     return out
+
+
+async def _write_plans(app: web.Application, cache: Cache) -> None:
+    """Write each new group plan on the pod it was made for (``gpu-tailor.io/group-plan``), before any member can
+    be bound: a restarted extender, or its standby, reads it back and holds the same GPUs."""
+    patch = app[RECORDER].patch
+    while cache.groups.unwritten:
+        plan = cache.groups.unwritten.pop()
+        if patch is None:
+            continue
+        ns, _, name = plan.anchor.partition("/")
+        try:
+            await patch(ns, name, {"metadata": {"annotations": {labels.ANN_GROUP_PLAN: plan.wire()}}})
+            plan.written = True
+        except Exception as exc:  # the plan holds in this replica; only a restart before the bind loses it
+            log.warning("%s: its plan could not be written on %s: %s", plan.ref.name, plan.anchor, exc)
 
 
 async def _prioritize(request: web.Request, body: Any) -> Any:
@@ -163,12 +183,13 @@ async def _prioritize(request: web.Request, body: Any) -> Any:
     key, uid = pod_key(args.pod), pod_uid(args.pod)
     cache.unscore(key, uid)
     snap = cache.snapshot()
+    member = cache.group_answer(args.pod, args.demand)
     asked = verbs.shape_asked(snap, args)
     if asked is not None:
         cache.observe(*asked)  # the policy learns the mix from the pods it scores, this one included
-    out = verbs.prioritize(snap, args)
+    out = verbs.prioritize(snap, args, member)
     cache.remember(args.pod, args.demand)
-    if args.demand.gpu:
+    if args.demand.gpu and member is None:  # a member's GPUs are held for it already
         # scores go by rank with ties broken by a fixed node order: the policy's first choice is the only MAX_SCORE,
         # and the extender's weight makes it kube-scheduler's
         first = next((o["Host"] for o in out if o["Score"] == MAX_SCORE), None)

@@ -15,8 +15,9 @@ from typing import Any, cast
 
 import numpy as np
 
+from gpu_tailor.extender.gangbook import Answer
 from gpu_tailor.extender.records import PodRecord
-from gpu_tailor.extender.scores import extender_scores, node_order, tie_order
+from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, node_order, tie_order
 from gpu_tailor.extender.snapshot import NodeInfo, Snapshot
 from gpu_tailor.extender.wire import extender_args, pod_of, victims_of
 from gpu_tailor.gpumodel import labels
@@ -40,7 +41,8 @@ def _uid(pod: dict[str, Any]) -> str:
     return str(pod["metadata"].get("uid") or pod_key(pod))
 
 
-def filter_nodes(snap: Snapshot, body: Any) -> dict[str, Any]:
+def filter_nodes(snap: Snapshot, body: Any, member: Answer | None = None) -> dict[str, Any]:
+    """``member``: for a pod of a group placed whole, the one node its group's plan gives it (or why none)."""
     args = extender_args(body)
     names, objs, demand = args.names, args.objs, args.demand
     if not snap.ready:
@@ -50,7 +52,12 @@ def filter_nodes(snap: Snapshot, body: Any) -> dict[str, Any]:
     fit_failed = False  # a node passed for DRA's sake though fit() refused it
     failed: dict[str, str] = {}
     unresolvable: dict[str, str] = {}
-    if not demand.gpu and not demand.error:
+    if member is not None:  # its GPUs there are held for it: no fit to check
+        fit_failed = True
+        passed = [member.node] if member.node in names else []
+        why = member.reason or f"its group's plan puts it on {member.node}"
+        failed = {n: why for n in names if n != member.node}
+    elif not demand.gpu and not demand.error:
         passed = list(names)  # nothing of ours to check: kube-scheduler checks CPU and memory
     else:
         served = dra_served(snap, demand)
@@ -159,11 +166,14 @@ def shape_asked(snap: Snapshot, body: Any) -> tuple[str, Shape] | None:
     return _uid(args.pod), claimed[0] if claimed is not None else _shape(snap, args.demand, args.names)
 
 
-def prioritize(snap: Snapshot, body: Any) -> list[dict[str, Any]]:
+def prioritize(snap: Snapshot, body: Any, member: Answer | None = None) -> list[dict[str, Any]]:
+    """``member``: as for ``filter_nodes``: its planned node first."""
     args = extender_args(body)
     names, demand = args.names, args.demand
     if not snap.ready or not names:
         return [{"Host": n, "Score": 0} for n in names]
+    if member is not None:
+        return [{"Host": n, "Score": MAX_SCORE if n == member.node else 0} for n in names]
     ladders = claim_ladders(snap, args.pod) if not demand.gpu else None
     if ladders is not None and (packed := _claim_scores(snap, names, ladders, demand)) is not None:
         return packed

@@ -36,7 +36,7 @@ class GroupError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GroupRef:
-    """The group a pod belongs to: ``key`` is unique in the cluster, ``name`` is for people, ``size`` 0 where unknown."""
+    """The group a pod belongs to: ``key`` unique in the cluster, ``name`` for people, ``size`` 0 where unknown."""
 
     key: str
     name: str

@@ -127,13 +127,28 @@ class FleetRow:
     cpu_capacity: int
     pick: int = PICK_ANY  # who picks a replica's GPU (``fleet.PICK_*``)
     step: int = 0  # milli of one replica, where the device plugin picks
+    domain: str = ""  # the NVLink domain it shares with other nodes ("": none, the node alone)
+
+
+# Where a node's NVLink domain is read: GFD's clique label on GB200/GB300 NVL72 nodes, unless the admin names other
+# node labels first (a rack, a network block: ``--domain-label``)
+DOMAIN_LABELS: tuple[str, ...] = (labels.GPU_CLIQUE,)
+
+
+def domain_of(node_labels: dict[str, str], keys: tuple[str, ...] = DOMAIN_LABELS) -> str:
+    """The node's NVLink domain: ``key=value`` of the first of ``keys`` it carries, "" where none."""
+    for key in keys:
+        value = node_labels.get(key)
+        if value:
+            return f"{key}={value}"
+    return ""
 
 
 _PICKS = {ReplicaPolicy.DISTRIBUTED: PICK_MOST_FREE, ReplicaPolicy.SPREAD: PICK_MOST_FREE,
           ReplicaPolicy.PACKED: PICK_LEAST_FREE}
 
 
-def fleet_row(node: NodeState) -> FleetRow:
+def fleet_row(node: NodeState, domain_keys: tuple[str, ...] = DOMAIN_LABELS) -> FleetRow:
     """The one conversion from the extender's node to the fleet's row, for the extender's scoring and
     for the check that the fleet (the simulator's model) agrees with ``fit``."""
     inv, gpus = node.inventory, node.gpus
@@ -146,7 +161,8 @@ def fleet_row(node: NodeState) -> FleetRow:
     # a degraded node whose unsold GPUs are not known promises no NVLink set: its links are not scored
     topology = gpus.promised_topology
     return FleetRow(inv.cpu_milli - node.cpu_used, inv.memory_bytes // 2**20 - node.mem_used_mib, free, inv.model,
-                    topology, inv.cpu_milli, pick, FULL // inv.replicas if shared else 0)
+                    topology, inv.cpu_milli, pick, FULL // inv.replicas if shared else 0,
+                    domain_of(inv.labels, domain_keys))
 
 
 def dra_row(row: FleetRow, column: GpuColumn | None, inv: NodeInventory) -> FleetRow:

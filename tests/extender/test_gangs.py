@@ -1,0 +1,168 @@
+"""Groups placed whole by the extender: planned in one NVLink domain when the first member is filtered, the GPUs of
+the members still to come held against other pods, each member filtered to its own node, the plan read back after a
+restart, released past its deadline, and a group that fits nowhere bound nowhere."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from gpu_tailor.extender import verbs, wire
+from gpu_tailor.extender.cache import Cache
+from gpu_tailor.gpumodel import labels
+from tests.conftest import node_fixture
+from tests.extender.builders import args, gpu_pod
+
+CLIQUES, TRAYS = 3, 4  # three NVLink domains of four 4-GPU nodes
+
+
+def tray(clique: int, i: int) -> dict[str, Any]:
+    """An NVL72 compute tray as GFD labels one: four GPUs, its clique."""
+    node = copy.deepcopy(node_fixture("h100-hgx-0"))
+    name = f"gb-{clique}-{i}"
+    node["metadata"]["name"] = name
+    node["metadata"]["labels"].update({"kubernetes.io/hostname": name, labels.GPU_COUNT: "4",
+                                       labels.GPU_PRODUCT: "NVIDIA-GB200",
+                                       labels.GPU_CLIQUE: f"uuid-{clique}.{clique}"})
+    for part in ("capacity", "allocatable"):
+        node["status"][part][labels.GPU_RESOURCE] = "4"
+    return node
+
+
+NODES = [tray(c, i) for c in range(CLIQUES) for i in range(TRAYS)]
+NAMES = [n["metadata"]["name"] for n in NODES]
+
+
+def member(group: str, i: int, size: int, gpus: int = 4, domain: str = "required") -> dict[str, Any]:
+    return gpu_pod(f"{group}-{i}", gpus, annotations={labels.ANN_GROUP: group, labels.ANN_GROUP_SIZE: str(size),
+                                                      labels.ANN_GROUP_DOMAIN: domain})
+
+
+def synced(pods: list[dict[str, Any]], wall: list[float] | None = None) -> Cache:
+    clock = wall or [1000.0]
+    cache = Cache(wall=lambda: clock[0])
+    cache.reset_pods(pods)
+    cache.reset_nodes(copy.deepcopy(NODES))
+    return cache
+
+
+def filtered(cache: Cache, pod: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    body = args("filter-nodecache-true-pod-gpu4", list(NAMES))
+    body["Pod"] = pod
+    ex = wire.extender_args(body)
+    answer = cache.group_answer(pod, ex.demand)
+    out = verbs.filter_nodes(cache.snapshot(), body, answer)
+    return out["NodeNames"], {**out["FailedNodes"], **out["FailedAndUnresolvableNodes"]}
+
+
+def bound(pod: dict[str, Any], node: str) -> dict[str, Any]:
+    out = copy.deepcopy(pod)
+    out["spec"]["nodeName"] = node
+    out["status"] = {"phase": "Running"}
+    out["metadata"]["resourceVersion"] = "2"
+    return out
+
+
+def clique(node: str) -> str:
+    return node.split("-")[1]
+
+
+def test_a_group_goes_whole_to_the_partly_used_domain_that_holds_it() -> None:
+    cache = synced([gpu_pod("busy", 2, node="gb-1-0")])  # clique 1 is in use, with three whole trays
+    members = [member("train", i, 3) for i in range(3)]
+    places = []
+    for m in members:
+        passed, _ = filtered(cache, m)
+        assert len(passed) == 1
+        places.append(passed[0])
+    assert len(set(places)) == 3 and {clique(p) for p in places} == {"1"}
+    assert "gb-1-0" not in places  # half used: no room for a 4-GPU member
+    # asked again, a member keeps its node
+    assert filtered(cache, members[1])[0] == [places[1]]
+
+
+def test_a_full_domain_group_takes_an_untouched_domain_and_single_pods_keep_off_its_gpus() -> None:
+    cache = synced([gpu_pod("busy", 2, node="gb-1-0")])
+    first = member("big", 0, TRAYS)
+    passed, _ = filtered(cache, first)
+    planned = clique(passed[0])
+    assert planned in {"0", "2"}
+    # a single 4-GPU pod arriving before the other members can go anywhere but the planned trays
+    single_passed, failed = filtered(cache, gpu_pod("single", 4))
+    assert not [n for n in single_passed if clique(n) == planned]
+    assert all(clique(n) != planned or n in failed for n in NAMES)
+
+
+def test_a_group_too_big_for_any_domain_passes_no_node_and_says_why() -> None:
+    cache = synced([])
+    passed, failed = filtered(cache, member("huge", 0, TRAYS + 1))
+    assert passed == []
+    assert set(failed) == set(NAMES)
+    assert "fits in no NVLink domain as a whole" in failed[NAMES[0]]
+    assert "no pod of it is bound until all fit" in failed[NAMES[0]]
+    assert not cache.groups.plans  # nothing held
+
+
+def test_a_bound_member_holds_its_own_gpus_and_the_rest_stay_held() -> None:
+    cache = synced([])
+    members = [member("train", i, 2) for i in range(2)]
+    first = filtered(cache, members[0])[0][0]
+    cache.apply_pod("MODIFIED", bound(members[0], first))
+    second = filtered(cache, members[1])[0][0]
+    assert second != first and clique(second) == clique(first)
+    plan = cache.groups.plans["default/group/train"] if "default/group/train" in cache.groups.plans else \
+        next(iter(cache.groups.plans.values()))
+    assert plan.slots[0].bound and not plan.slots[1].bound
+    # the planned second tray is held: a single 4-GPU pod cannot have it
+    assert second not in filtered(cache, gpu_pod("single", 4))[0]
+    cache.apply_pod("MODIFIED", bound(members[1], second))
+    assert not cache.groups.plans  # all bound: nothing held any more
+    assert not [k for k in cache.pods if "~" in k]
+
+
+def test_a_restarted_extender_reads_the_plan_back_and_holds_the_same_gpus() -> None:
+    cache = synced([])
+    first = member("train", 0, 3)
+    node = filtered(cache, first)[0][0]
+    plan = cache.groups.unwritten[0]
+    held = sorted(s.node for s in plan.slots)
+    annotated = copy.deepcopy(first)
+    annotated["metadata"]["annotations"][labels.ANN_GROUP_PLAN] = plan.wire()
+    assert json.loads(plan.wire())["slots"][0][0] == node
+    again = synced([annotated])  # a new replica lists the pods
+    single = filtered(again, gpu_pod("single", 4))[0]
+    assert not set(single) & set(held)
+    assert filtered(again, first)[0] == [node]  # the member its slot was for keeps it
+
+
+def test_a_plan_whose_members_do_not_all_come_is_released_past_its_deadline() -> None:
+    wall = [1000.0]
+    cache = synced([], wall)
+    node = filtered(cache, member("train", 0, 2))[0][0]
+    assert node not in filtered(cache, gpu_pod("single", 4))[0]
+    wall[0] += cache.groups.timeout + 1
+    cache.groups.expire(cache)
+    assert not cache.groups.plans
+    assert "not bound within" in cache.groups.released[0][1]
+    assert node in filtered(cache, gpu_pod("single", 4))[0]
+
+
+@pytest.mark.parametrize(("annotations", "error"), [
+    pytest.param({labels.ANN_GROUP: "g", labels.ANN_GROUP_SIZE: "many"}, "whole number", id="size"),
+    pytest.param({labels.ANN_GROUP: "g", labels.ANN_GROUP_SIZE: "2", labels.ANN_GROUP_DOMAIN: "rack"},
+                 "expected one of", id="domain"),
+])
+def test_a_bad_group_ask_fails_every_node_with_the_reason(annotations: dict[str, str], error: str) -> None:
+    cache = synced([])
+    passed, failed = filtered(cache, gpu_pod("bad", 4, annotations=annotations))
+    assert passed == [] and all(error in why for why in failed.values())
+
+
+def test_pods_of_one_group_must_ask_alike() -> None:
+    cache = synced([])
+    filtered(cache, member("train", 0, 3, gpus=4))
+    passed, failed = filtered(cache, member("train", 1, 3, gpus=2))
+    assert passed == [] and "must ask alike" in next(iter(failed.values()))
