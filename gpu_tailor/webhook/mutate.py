@@ -22,7 +22,7 @@ from gpu_tailor.gpumodel.devices.base import GPU_TOLERATION, MANAGED_TOLERATION,
 from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.gpumodel.inventory import UnitsRefusal
 from gpu_tailor.gpumodel.resources import parse_resource
-from gpu_tailor.webhook import guard, shape
+from gpu_tailor.webhook import groups, guard, shape
 from gpu_tailor.webhook.config import AdmissionPolicy
 from gpu_tailor.webhook.registration import EXEMPT_NAMESPACES
 
@@ -46,8 +46,9 @@ def _deny(message: str, code: int = 403) -> Decision:
 
 
 def decide(request: dict[str, Any], candidates: list[Candidate], policy: AdmissionPolicy,
-           dra: DraState | None = None, dra_nodes: AbstractSet[str] | None = None) -> Decision:
-    """``dra``: the DRA pools, where DRA is on; ``dra_nodes``: the nodes that take pods (not cordoned), when known."""
+           dra: DraState | None = None, dra_nodes: AbstractSet[str] | None = None, largest_domain: int = 0) -> Decision:
+    """``dra``: the DRA pools, where DRA is on; ``dra_nodes``: the nodes that take pods (not cordoned), when known;
+    ``largest_domain``: the most GPUs one NVLink domain has (0: not known)."""
     obj = request.get("object")
     kind = request.get("kind")
     operation = request.get("operation", "CREATE")
@@ -92,6 +93,9 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
         if routed:
             _obj(pod, "spec")["schedulerName"] = policy.schedulerName
         return _allow(obj, pod, warnings, "none")
+    grouped = groups.refusal(obj, ask, largest_domain)
+    if grouped is not None:
+        return _deny(grouped[1], grouped[0])
     isolation = ask.isolation if labels.ANN_ISOLATION in annotations else policy.defaultIsolation
 
     for resource, units in ask.effective_native.items():

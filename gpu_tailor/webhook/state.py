@@ -28,6 +28,7 @@ from gpu_tailor.gpumodel.ask import from_pod
 from gpu_tailor.gpumodel.catalog import Candidate, from_inventories
 from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
+from gpu_tailor.gpumodel.schedule import domain_of
 from gpu_tailor.kube.freshness import STALE_AFTER, Freshness
 from gpu_tailor.webhook.config import AdmissionPolicy, DeclaredOffering
 
@@ -52,6 +53,7 @@ class ClusterView:
         self.freshness: dict[str, Freshness] = {}  # per watched resource, when watches keep the view
         self.dra = DraState(enabled=False)  # DRA pools; on where watches find resource.k8s.io/v1
         self._cache: list[Candidate] | None = None
+        self._largest: int | None = None  # ``largest_domain``, until a node changes
         self._takes_pods: frozenset[str] = frozenset()
         self._declared = [declared_candidate(o) for o in policy.offerings]
         self._was_stale = False
@@ -89,7 +91,7 @@ class ClusterView:
     def reset_nodes(self, nodes: list[dict[str, Any]]) -> None:
         self.nodes = {inv.name: inv for inv in map(from_node, nodes)}
         self.nodes_synced = True
-        self._cache = None
+        self._cache = self._largest = None
 
     def apply_node(self, event: str, node: dict[str, Any]) -> None:
         name = str((node.get("metadata") or {}).get("name", ""))
@@ -97,7 +99,7 @@ class ClusterView:
             self.nodes.pop(name, None)
         else:
             self.nodes[name] = from_node(node)
-        self._cache = None
+        self._cache = self._largest = None
 
     def reset_pods(self, pods: list[dict[str, Any]]) -> None:
         relist = self.relist_pods()
@@ -146,6 +148,17 @@ class ClusterView:
             self._cache = from_inventories(self.nodes.values(), self.used) + self._declared
             self._takes_pods = frozenset(name for name, inv in self.nodes.items() if not inv.unschedulable)
         return self._cache
+
+    def largest_domain(self) -> int:
+        """The most GPUs one NVLink domain has: the nodes sharing a domain label (``schedule.domain_of``), or a node
+        alone."""
+        if self._largest is None:
+            per: dict[str, int] = {}
+            for name, inv in self.nodes.items():
+                key = domain_of(inv.labels) or f"node/{name}"
+                per[key] = per.get(key, 0) + inv.gpu_count
+            self._largest = max(per.values(), default=0)
+        return self._largest
 
     def nodes_taking_pods(self) -> frozenset[str]:
         """The nodes not cordoned (DRA pools elsewhere are left out of a choice), as of the last change."""

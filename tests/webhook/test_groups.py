@@ -1,0 +1,78 @@
+"""Admission of a group's pods: a group ask that cannot be read, or one NVLink domain asked of a group larger than any
+domain, is refused with the reason; the others pass, and the largest domain is read from the node labels."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from gpu_tailor.gpumodel import labels
+from gpu_tailor.webhook.config import AdmissionPolicy
+from gpu_tailor.webhook.mutate import decide
+from gpu_tailor.webhook.state import ClusterView
+from tests.conftest import FIXTURES, review_fixture
+
+NODES = [json.loads(p.read_text()) for p in sorted((FIXTURES / "nodes").glob("*.json"))]
+LARGEST_NODE = 8  # the HGX fixture: no node carries a clique label, so a domain is one node
+
+
+def with_cliques(count: int) -> list[dict[str, Any]]:
+    """The fixture nodes and ``count`` 4-GPU trays sharing one clique."""
+    (hgx,) = [n for n in NODES if n["metadata"]["name"] == "h100-hgx-0"]
+    out = list(NODES)
+    for i in range(count):
+        node = copy.deepcopy(hgx)
+        node["metadata"]["name"] = f"gb-{i}"
+        node["metadata"]["labels"].update({labels.GPU_COUNT: "4", labels.GPU_CLIQUE: "uuid.1"})
+        for part in ("capacity", "allocatable"):
+            node["status"][part][labels.GPU_RESOURCE] = "4"
+        out.append(node)
+    return out
+
+
+def grouped(annotations: dict[str, str], gpus: int = 1) -> dict[str, Any]:
+    review = review_fixture("a")
+    pod = review["request"]["object"]
+    pod["metadata"]["annotations"] = annotations
+    pod["spec"]["containers"][0]["resources"] = {"limits": {labels.GPU_RESOURCE: str(gpus)}}
+    return review
+
+
+def decided(review: dict[str, Any], nodes: list[dict[str, Any]]) -> Any:
+    view = ClusterView(AdmissionPolicy())
+    view.reset(nodes, [])
+    return decide(review["request"], view.candidates(), view.policy, largest_domain=view.largest_domain())
+
+
+def ask(size: int, domain: str = "required") -> dict[str, str]:
+    return {labels.ANN_GROUP: "train", labels.ANN_GROUP_SIZE: str(size), labels.ANN_GROUP_DOMAIN: domain}
+
+
+def test_the_largest_domain_is_a_clique_of_nodes_or_a_node_alone() -> None:
+    view = ClusterView(AdmissionPolicy())
+    view.reset(NODES, [])
+    assert view.largest_domain() == LARGEST_NODE
+    view.reset(with_cliques(18), [])
+    assert view.largest_domain() == 72
+    view.apply_node("DELETED", {"metadata": {"name": "gb-0"}})
+    assert view.largest_domain() == 68
+
+
+@pytest.mark.parametrize(("annotations", "gpus", "nodes", "code", "says"), [
+    pytest.param(ask(3, "required"), 4, NODES, 403, "largest domain here has 8", id="required-beyond-a-node"),
+    pytest.param(ask(2, "required"), 4, NODES, 200, "", id="required-within-a-node"),
+    pytest.param(ask(3, "preferred"), 4, NODES, 200, "", id="preferred-anywhere"),
+    pytest.param(ask(18, "required"), 4, with_cliques(18), 200, "", id="required-a-full-clique"),
+    pytest.param(ask(19, "required"), 4, with_cliques(18), 403, "need 76 GPUs", id="required-beyond-the-clique"),
+    pytest.param({labels.ANN_GROUP: "train"}, 1, NODES, 422, "say how many pods", id="no-size"),
+    pytest.param(ask(2, "rack"), 1, NODES, 422, "expected one of", id="bad-domain-ask"),
+])
+def test_group_asks_are_checked_at_admission(annotations: dict[str, str], gpus: int, nodes: list[dict[str, Any]],
+                                             code: int, says: str) -> None:
+    d = decided(grouped(annotations, gpus), nodes)
+    assert d.allowed == (code == 200)
+    if code != 200:
+        assert d.code == code and says in d.message
