@@ -181,6 +181,23 @@ def access(http: str, path: str, watched: bool = False) -> list[Access]:
     return out
 
 
+def custom_sources(module: ast.Module) -> Iterator[tuple[str, str]]:
+    """(API group, plural) of each ``SOURCES`` row of a module that lists and watches other projects' objects with
+    ``CustomObjectsApi.list_cluster_custom_object`` (``kube/groupobjects.py``: rows of kind, group, version, plural,
+    reader)."""
+    if "list_cluster_custom_object" not in ast.unparse(module):
+        return
+    for node in ast.walk(module):
+        target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0] \
+            if isinstance(node, ast.Assign) else None
+        if isinstance(target, ast.Name) and target.id == "SOURCES" and isinstance(node.value, ast.Tuple):
+            for row in node.value.elts:
+                assert isinstance(row, ast.Tuple), f"line {row.lineno}: a SOURCES row is a tuple"
+                group, plural = row.elts[1], row.elts[3]
+                assert isinstance(group, ast.Constant) and isinstance(plural, ast.Constant)
+                yield str(group.value), str(plural.value)
+
+
 def module_calls(path: Path) -> set[Access]:
     module = tree(path)
     out: set[Access] = set()
@@ -201,6 +218,8 @@ def module_calls(path: Path) -> set[Access]:
             out.update(access(http, api_path, watched=node.attr in watched))
     for http, api_path in raw_requests(module):
         out.update(access(http, api_path))
+    for group, plural in custom_sources(module):  # watched custom objects of other projects' API groups
+        out.update((Access(group, plural, "list"), Access(group, plural, "watch")))
     if "call_api" in path.read_text():
         assert out, f"{path}: makes raw API requests this test cannot see"
     return out

@@ -112,12 +112,13 @@ async def _raw(call: Awaitable[Any]) -> tuple[int, bytes]:
 
 
 def watches(api: Any, cache: Cache, dra: bool = True) -> list[Coroutine[Any, Any, None]]:
-    """The cache's writers: nodes, the pods that can hold GPUs, the node agents' reports, and with ``dra`` NVIDIA's
-    DRA pools where the API server serves them."""
+    """The cache's writers: nodes, the pods that can hold GPUs, the node agents' reports, the PodGroups that size
+    groups of pods where the API server serves them, and with ``dra`` NVIDIA's DRA pools where it serves them."""
     from kubernetes_asyncio import client
 
     from gpu_tailor.kube.dra import dra_watches
     from gpu_tailor.kube.freshness import Freshness
+    from gpu_tailor.kube.groupobjects import group_watches
     from gpu_tailor.kube.reports import report_watch
     from gpu_tailor.kube.watch import list_and_watch
 
@@ -131,6 +132,7 @@ def watches(api: Any, cache: Cache, dra: bool = True) -> list[Coroutine[Any, Any
     cache.dra.enabled = dra
     return [*([dra_watches(api, cache.dra, cache.freshness)] if dra else []),
             report_watch(api, cache.reset_reports, cache.apply_report, cache.freshness),
+            group_watches(api, cache.group_objects),
             list_and_watch(core.list_node, None, cache.apply_node, relist=cache.relist_nodes,
                            project=node_fields, freshness=nodes, page=NODE_PAGE, freeze_gc=True),
             list_and_watch(active, None, cache.apply_pod, relist=cache.relist_pods,

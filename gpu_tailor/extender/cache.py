@@ -68,7 +68,7 @@ from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.gpumodel.dra_usage import gpu_column
 from gpu_tailor.gpumodel.fleet import Fleet
-from gpu_tailor.gpumodel.groups import GroupError, group_of
+from gpu_tailor.gpumodel.groups import GroupError, GroupObjects, group_of, resolved
 from gpu_tailor.gpumodel.inventory import HealthState
 from gpu_tailor.gpumodel.occupancy import Placement
 from gpu_tailor.gpumodel.policies import TailorPolicy
@@ -115,6 +115,7 @@ class Cache(Ledger):
         self.last_asked = -math.inf  # clock() of the last pod filter or prioritize was asked about
         self.on_unrecorded: Callable[[], None] | None = None  # called when one is added
         self.groups = GroupBook(wall=wall)  # groups placed whole: their plans and the GPUs held for them
+        self.group_objects = GroupObjects()  # PodGroups that say a group's size, where the API serves them
         self.domain_keys = DOMAIN_LABELS  # node labels that name an NVLink domain, first found wins
 
     @property
@@ -352,6 +353,8 @@ class Cache(Ledger):
             ref = group_of(pod)
         except GroupError as exc:
             return Answer(None, str(exc))
+        if ref is not None and not ref.size:
+            ref = resolved(ref, self.group_objects.objects, self.domain_keys)
         if ref is None or ref.size < 2:
             return None
         self.groups.expire(self)
@@ -363,6 +366,8 @@ class Cache(Ledger):
             ref = group_of(obj)
         except GroupError:
             return
+        if ref is not None and not ref.size:
+            ref = resolved(ref, self.group_objects.objects, self.domain_keys)
         if ref is not None and ref.size > 1:
             self.groups.restore(self, obj, ref, rec.demand)
 

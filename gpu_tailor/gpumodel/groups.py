@@ -21,11 +21,12 @@ otherwise for any convention. A group whose size is not known is no gang: its po
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gpu_tailor.gpumodel import labels
-from gpu_tailor.gpumodel.gangs import DOMAIN_ASKS, PREFERRED
+from gpu_tailor.gpumodel.gangs import DOMAIN_ASKS, PREFERRED, REQUIRED
 
 MAX_GROUP = 10_000  # pods in one group: a larger size is a typo
 
@@ -108,3 +109,77 @@ def group_of(pod: dict[str, Any]) -> GroupRef | None:
     if labels.JOB_NAME in pod_labels and labels.JOB_COMPLETION_INDEX in annotations:
         return ref("job", str(pod_labels[labels.JOB_NAME]), stated_size())
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupObject:
+    """An API object that says a group's size: kube-scheduler's PodGroup (``scheduling.k8s.io/v1alpha2``: its gang
+    policy's ``minCount``, its topology constraints' node label keys) or a scheduler-plugins coscheduling PodGroup
+    (``scheduling.x-k8s.io/v1alpha1``: ``minMember``). ``size`` 0: not a gang (a basic policy)."""
+
+    key: str  # as ``GroupRef.key``
+    size: int
+    topology: tuple[str, ...] = ()
+
+
+def podgroup_object(obj: dict[str, Any]) -> GroupObject | None:
+    """A ``scheduling.k8s.io/v1alpha2`` PodGroup; None where it cannot be read."""
+    meta, spec = _dict(obj.get("metadata")), _dict(obj.get("spec"))
+    if not meta.get("name"):
+        return None
+    gang = _dict(_dict(spec.get("schedulingPolicy")).get("gang"))
+    count = gang.get("minCount")
+    size = count if isinstance(count, int) and 1 <= count <= MAX_GROUP else 0
+    constraints = _dict(spec.get("schedulingConstraints")).get("topology")
+    keys = tuple(str(t["key"]) for t in constraints if isinstance(t, dict) and t.get("key")) \
+        if isinstance(constraints, list) else ()
+    return GroupObject(f"{meta.get('namespace', '')}/podgroup/{meta['name']}", size, keys)
+
+
+def coscheduling_object(obj: dict[str, Any]) -> GroupObject | None:
+    """A ``scheduling.x-k8s.io/v1alpha1`` PodGroup (scheduler-plugins' coscheduling); None where it cannot be read."""
+    meta, spec = _dict(obj.get("metadata")), _dict(obj.get("spec"))
+    if not meta.get("name"):
+        return None
+    count = spec.get("minMember")
+    size = count if isinstance(count, int) and 1 <= count <= MAX_GROUP else 0
+    return GroupObject(f"{meta.get('namespace', '')}/coscheduling/{meta['name']}", size)
+
+
+def resolved(ref: GroupRef, objects: dict[str, GroupObject], domain_keys: tuple[str, ...]) -> GroupRef:
+    """``ref`` with the size its group's object says, where the pod did not say it; a topology constraint on a node
+    label that names NVLink domains (``domain_keys``) makes one domain required."""
+    obj = objects.get(ref.key)
+    if obj is None:
+        return ref
+    domain = REQUIRED if set(obj.topology) & set(domain_keys) else ref.domain
+    return GroupRef(ref.key, ref.name, ref.size or obj.size, domain)
+
+
+Reader = Callable[[dict[str, Any]], GroupObject | None]
+
+
+class GroupObjects:
+    """The group objects the API serves, by ``GroupRef.key``; one writer per kind (its list and watch)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, GroupObject] = {}
+        self._keys: dict[str, set[str]] = {}  # kind -> the keys its last list and watch gave
+
+    def reset(self, kind: str, read: Reader, items: list[dict[str, Any]]) -> None:
+        for key in self._keys.pop(kind, set()):
+            self.objects.pop(key, None)
+        for obj in items:
+            self.apply(kind, read, "ADDED", obj)
+
+    def apply(self, kind: str, read: Reader, event: str, obj: dict[str, Any]) -> None:
+        got = read(obj)
+        if got is None:
+            return
+        keys = self._keys.setdefault(kind, set())
+        if event == "DELETED":
+            self.objects.pop(got.key, None)
+            keys.discard(got.key)
+        else:
+            self.objects[got.key] = got
+            keys.add(got.key)

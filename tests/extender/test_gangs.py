@@ -13,6 +13,7 @@ import pytest
 from gpu_tailor.extender import verbs, wire
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.groups import podgroup_object
 from tests.conftest import node_fixture
 from tests.extender.builders import args, gpu_pod
 
@@ -166,3 +167,22 @@ def test_pods_of_one_group_must_ask_alike() -> None:
     filtered(cache, member("train", 0, 3, gpus=4))
     passed, failed = filtered(cache, member("train", 1, 3, gpus=2))
     assert passed == [] and "must ask alike" in next(iter(failed.values()))
+
+
+def test_pods_of_a_kube_scheduler_podgroup_are_planned_whole_in_its_clique() -> None:
+    cache = synced([gpu_pod("busy", 2, node="gb-2-1")])
+    cache.group_objects.reset("podgroup", podgroup_object, [{
+        "metadata": {"name": "pg", "namespace": "default"},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 3}},
+                 "schedulingConstraints": {"topology": [{"key": labels.GPU_CLIQUE}]}}}])
+    places = []
+    for i in range(3):
+        pod = gpu_pod(f"pg-{i}", 4)
+        pod["metadata"]["namespace"] = "default"
+        pod["spec"]["schedulingGroup"] = {"podGroupName": "pg"}
+        passed, _ = filtered(cache, pod)
+        assert len(passed) == 1
+        places.append(passed[0])
+    assert len(set(places)) == 3 and {clique(p) for p in places} == {"2"}  # the clique in use that holds it
+    plan = next(iter(cache.groups.plans.values()))
+    assert plan.ref.domain == "required" and plan.domain == f"{labels.GPU_CLIQUE}=uuid-2.2"

@@ -8,7 +8,16 @@ import pytest
 
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.gangs import ANYWHERE, PREFERRED, REQUIRED
-from gpu_tailor.gpumodel.groups import GroupError, GroupRef, group_of
+from gpu_tailor.gpumodel.groups import (
+    GroupError,
+    GroupObject,
+    GroupObjects,
+    GroupRef,
+    coscheduling_object,
+    group_of,
+    podgroup_object,
+    resolved,
+)
 
 
 def pod(ns: str = "team-a", pod_labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
@@ -62,3 +71,43 @@ def test_group_of_reads_each_convention(p: dict[str, Any], want: GroupRef | None
 def test_bad_group_asks_say_why(p: dict[str, Any], error: str) -> None:
     with pytest.raises(GroupError, match=error):
         group_of(p)
+
+
+def podgroup(name: str, count: int | None, keys: tuple[str, ...] = (), ns: str = "team-a") -> dict[str, Any]:
+    spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": count}} if count is not None else {"basic": {}}}
+    if keys:
+        spec["schedulingConstraints"] = {"topology": [{"key": k} for k in keys]}
+    return {"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": ns}, "spec": spec}
+
+
+@pytest.mark.parametrize(("obj", "want"), [
+    pytest.param(podgroup("pg", 12, (labels.GPU_CLIQUE,)),
+                 GroupObject("team-a/podgroup/pg", 12, (labels.GPU_CLIQUE,)), id="gang-with-topology"),
+    pytest.param(podgroup("pg", 4), GroupObject("team-a/podgroup/pg", 4), id="gang"),
+    pytest.param(podgroup("pg", None), GroupObject("team-a/podgroup/pg", 0), id="basic-is-no-gang"),
+    pytest.param(podgroup("pg", 0), GroupObject("team-a/podgroup/pg", 0), id="zero"),
+    pytest.param({"metadata": {}}, None, id="nameless"),
+])
+def test_kube_scheduler_podgroups_are_read(obj: dict[str, Any], want: GroupObject | None) -> None:
+    assert podgroup_object(obj) == want
+
+
+def test_coscheduling_podgroups_are_read() -> None:
+    obj = {"metadata": {"name": "cg", "namespace": "ml"}, "spec": {"minMember": 3, "scheduleTimeoutSeconds": 10}}
+    assert coscheduling_object(obj) == GroupObject("ml/coscheduling/cg", 3)
+
+
+def test_a_group_object_sizes_the_pods_that_name_it_and_its_clique_constraint_requires_one_domain() -> None:
+    store = GroupObjects()
+    store.reset("podgroup", podgroup_object, [podgroup("pg", 8, (labels.GPU_CLIQUE,)), podgroup("other", 2)])
+    ref = group_of(pod(spec={"schedulingGroup": {"podGroupName": "pg"}}))
+    assert ref is not None and ref.size == 0
+    assert resolved(ref, store.objects, (labels.GPU_CLIQUE,)) == GroupRef(ref.key, ref.name, 8, REQUIRED)
+    assert resolved(ref, store.objects, ("rack",)).domain == PREFERRED  # another key: kube-scheduler's own
+    other = group_of(pod(spec={"schedulingGroup": {"podGroupName": "other"}}))
+    assert other is not None and resolved(other, store.objects, (labels.GPU_CLIQUE,)).size == 2
+    store.apply("podgroup", podgroup_object, "DELETED", podgroup("pg", 8))
+    assert resolved(ref, store.objects, (labels.GPU_CLIQUE,)).size == 0
+    store.reset("podgroup", podgroup_object, [])  # a relist without it drops what the last one had
+    assert not store.objects
