@@ -259,7 +259,7 @@ async def _bind(request: web.Request, body: Any) -> Any:
             return {"Error": "" if node == args.node else f"{failed}: the pod is bound to {node}"}
         cache.forget(rec.key, rec.uid)  # it did not go through: the old assumption must not count in the plan
         rec = cache.pending(args.key, args.uid) or rec
-    plan = verbs.plan_bind(cache.snapshot(), rec, args.node)
+    plan = verbs.plan_bind(cache.snapshot(), rec, args.node, cache.groups.held_for(rec.uid, args.node))
     if plan.error:
         return {"Error": plan.error}
     return await _bind_planned(cache, binder, args, rec, plan, failed)

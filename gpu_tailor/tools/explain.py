@@ -28,6 +28,7 @@ from gpu_tailor.gpumodel.dra import DraPool
 from gpu_tailor.gpumodel.occupancy import NodeGpus
 from gpu_tailor.gpumodel.schedule import Demand, demand_of
 from gpu_tailor.tools import intree
+from gpu_tailor.tools.explain_groups import groups_said
 from gpu_tailor.tools.source import Cluster
 from gpu_tailor.webhook.config import AdmissionPolicy
 from gpu_tailor.webhook.mutate import KUBE_DEFAULT_SCHEDULER, decide
@@ -222,9 +223,11 @@ def dra_allocations(stored: Obj, cache: Cache) -> dict[str, str] | None:
     return out
 
 
-def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
+def schedule(stored: Obj, cluster: Cluster, group_notes: list[str] | None = None) -> tuple[list[NodeVerdict], Demand]:
     """Every node's verdict: kube-scheduler's own filters first, then the extender's filter, prioritize
-    and bind's choice of GPUs on the nodes that pass them."""
+    and bind's choice of GPUs on the nodes that pass them. ``group_notes``: what is said of the pod's group, if any
+    (its plan, the NVLink domains), is added there."""
+    group_notes = [] if group_notes is None else group_notes
     cache = Cache(report_stale=None)  # a dump is read later than it was taken: its reports are as they were
     cache.reset_reports(cluster.reports)  # the node agents' word first: the nodes are installed with it
     cache.reset_pods(cluster.pods)  # as ``gpu-tailor extender --cluster-file`` loads it
@@ -252,11 +255,13 @@ def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
         if not why:
             passing.append(name)
     demand = demand_of(stored)
+    member = cache.group_answer(stored, demand)  # a group's pod: its node in the group's plan (planned now if none)
+    group_notes.extend(groups_said(cache, stored, demand, member))
     if not passing:
         return list(verdicts.values()), demand
     snap = cache.snapshot()
     args = wire.extender_args({"Pod": stored, "NodeNames": passing})
-    result = verbs.filter_nodes(snap, args)
+    result = verbs.filter_nodes(snap, args, member)
     for failures, unresolvable in ((result["FailedNodes"], False), (result["FailedAndUnresolvableNodes"], True)):
         for name, reason in failures.items():
             verdicts[name] = NodeVerdict(name, False, "gpu-tailor extender", [reason], unresolvable)
@@ -265,7 +270,7 @@ def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
         asked = verbs.shape_asked(snap, args)
         if asked is not None:
             cache.observe(*asked)  # as the server does before it scores: the pod is part of the mix
-        scored = verbs.prioritize(snap, wire.extender_args({"Pod": stored, "NodeNames": fitting}))
+        scored = verbs.prioritize(snap, wire.extender_args({"Pod": stored, "NodeNames": fitting}), member)
         rec = pod_record(stored, demand)
         for entry in scored:
             name = entry["Host"]
@@ -273,7 +278,7 @@ def schedule(stored: Obj, cluster: Cluster) -> tuple[list[NodeVerdict], Demand]:
             v.score = int(entry["Score"])
             if name in snap.degraded or snap.nodes[name].state.gpus.unhealthy:
                 v.detail = _unsold(snap.nodes[name].state.gpus, name in snap.degraded)
-            plan = verbs.plan_bind(snap, rec, name)
+            plan = verbs.plan_bind(snap, rec, name, cache.groups.held_for(rec.uid, name))
             if plan.error:
                 v.fits, v.by, v.reasons = False, "gpu-tailor extender", [plan.error]
                 continue
@@ -313,7 +318,7 @@ def explain(pod: Obj, subject: str, cluster: Cluster, policy: AdmissionPolicy) -
     if not asked:
         notes.append(f"schedulerName {scheduler}: gpu-tailor's extender is not asked about this pod; the GPU "
                      "verdicts below are what it would say")
-    out.nodes, demand = schedule(stored, cluster)
+    out.nodes, demand = schedule(stored, cluster, notes)
     out.ask = describe_ask(demand)
     fitting = [v for v in out.nodes if v.fits]
     if fitting:

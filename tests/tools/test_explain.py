@@ -118,3 +118,25 @@ def test_pending_message_counts_nodes_per_reason() -> None:
                 NodeVerdict("c", False, "gpu-tailor extender", ["mig-1g.5gb: 0 of 16 free"])]
     assert pending_message(verdicts) == ("0/3 nodes are available: 2 Insufficient cpu, 1 Insufficient memory, "
                                          "1 mig-1g.5gb: 0 of 16 free.")
+
+
+def test_a_groups_pod_is_explained_with_its_plan_and_the_nvlink_domains() -> None:
+    from gpu_tailor.gpumodel import labels
+    from gpu_tailor.tools.source import Cluster
+    from tests.extender.test_gangs import NODES as TRAYS
+
+    busy = pod("busy", {"nvidia.com/gpu": "2"}, node="gb-1-0", annotations={"gpu-tailor.io/gpus": "0,1"})
+    member = pod("train-0", {"nvidia.com/gpu": "4"}, annotations={
+        labels.ANN_GROUP: "train", labels.ANN_GROUP_SIZE: "3", labels.ANN_GROUP_DOMAIN: "required"})
+    said = explain(member, "pod", Cluster(TRAYS, [busy], None, "trays"), POLICY)
+    assert said.chosen is not None and said.chosen.startswith("gb-1-")
+    (plan,) = [n for n in said.notes if n.startswith("group team-a/train")]
+    assert "planned in NVLink domain nvidia.com/gpu.clique=uuid-1.1" in plan and f"this pod: {said.chosen}" in plan
+    domains = [n for n in said.notes if n.startswith("NVLink domain")]
+    assert len(domains) == 3
+    assert any("uuid-1.1: 14 of 16 GPUs free" in d and "still fits there: 3" in d for d in domains)
+    too_big = pod("huge-0", {"nvidia.com/gpu": "4"}, annotations={
+        labels.ANN_GROUP: "huge", labels.ANN_GROUP_SIZE: "5", labels.ANN_GROUP_DOMAIN: "required"})
+    said = explain(too_big, "pod", Cluster(TRAYS, [busy], None, "trays"), POLICY)
+    assert said.chosen is None
+    assert any("fits in no NVLink domain as a whole" in n for n in said.notes)
