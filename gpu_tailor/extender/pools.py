@@ -11,6 +11,10 @@ Per pool:
 - ``gpu_tailor_pool_fragmentation_gpus``: the free GPU capacity the pod mix the extender has learnt could not use
   where it is (FGD's measure, the one the policy lowers), in GPUs.
 
+Per NVLink domain several nodes share (an NVL72 rack's ``nvidia.com/gpu.clique``): ``gpu_tailor_domain_gpus``,
+``gpu_tailor_domain_gpus_idle``, ``gpu_tailor_domain_whole_nodes`` and ``gpu_tailor_domain_largest_group`` (by GPUs
+per pod: the largest group of such pods that still fits there).
+
 Cordoned nodes, and nodes that sell no GPU yet (initializing), count in no pool. The values are the extender's
 view: which GPU a pod holds is a prediction on device-plugin pools (docs/concepts.md,
 "Predicted and reported GPUs").
@@ -25,7 +29,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.gpumodel.devices.base import BackingKind
-from gpu_tailor.gpumodel.fleet import MILLI
+from gpu_tailor.gpumodel.domains import domain_rows, member_shapes
+from gpu_tailor.gpumodel.fleet import MILLI, Fleet
 from gpu_tailor.gpumodel.inventory import NodeInventory
 from gpu_tailor.gpumodel.report import parse_time
 
@@ -81,6 +86,30 @@ class PoolGauges:
             for family, value in zip(families, values, strict=True):
                 family.add_metric(list(key), value)
         yield from families
+        yield from domain_gauges(fleet)
+
+
+def domain_gauges(fleet: Fleet) -> Iterator[GaugeMetricFamily]:
+    """Per NVLink domain shared by nodes (``gpumodel.domains``): its GPUs, the idle ones, its whole free nodes, and
+    the largest group of pods of one GPU, or of a whole node, that still fits there (pods asking no CPU or memory),
+    as of the fleet rows the last request saw."""
+    rows = domain_rows(fleet, member_shapes(fleet, 0, 0))
+    if not rows:
+        return
+    gpus = GaugeMetricFamily("gpu_tailor_domain_gpus", "GPUs of the NVLink domain's nodes", labels=["domain"])
+    idle = GaugeMetricFamily("gpu_tailor_domain_gpus_idle", "GPUs of the NVLink domain nobody holds any part of",
+                             labels=["domain"])
+    whole = GaugeMetricFamily("gpu_tailor_domain_whole_nodes", "Nodes of the NVLink domain with every GPU idle",
+                              labels=["domain"])
+    largest = GaugeMetricFamily("gpu_tailor_domain_largest_group", "The most pods of gpus_per_pod GPUs each that "
+                                "still fit in the NVLink domain at once", labels=["domain", "gpus_per_pod"])
+    for d in rows:
+        gpus.add_metric([d.name], d.gpus)
+        idle.add_metric([d.name], d.idle)
+        whole.add_metric([d.name], d.whole_nodes)
+        for g, n in sorted(d.largest.items()):
+            largest.add_metric([d.name, str(g)], n)
+    yield from (gpus, idle, whole, largest)
 
 
 class AgentMetrics:

@@ -14,6 +14,7 @@ from typing import Any
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.snapshot import NodeInfo
 from gpu_tailor.gpumodel.devices.base import BackingKind, HealthState, Offering
+from gpu_tailor.gpumodel.domains import DomainRow, domain_rows, member_shapes
 from gpu_tailor.gpumodel.dra import DeviceType
 from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.gpumodel.dra_usage import can_carve, counted_memory
@@ -122,6 +123,7 @@ class Report:
     dra_on: bool = False
     unsold: list[UnsoldPod] = field(default_factory=list)  # Pending MIG pods no node can take now
     mig_advice: list[Advice] = field(default_factory=list)  # a layout per MIG product that would place them
+    domains: list[DomainRow] = field(default_factory=list)  # NVLink domains several nodes share
 
     def wire(self) -> dict[str, Any]:
         return asdict(self)
@@ -268,8 +270,9 @@ def capacity(cluster: Cluster, cpu_milli: int = 1000, memory_mib: int = 4096, po
         p.stranded_gpus = round(p.stranded_gpus, 2)
         pools.append(p)
     unsold, advice = advise(infos, cluster.pods, recent_hours)
+    domains = domain_rows(cache.fleet, member_shapes(cache.fleet, cpu_milli, memory_mib))
     return Report(cluster.source, pools, totals, said, problems, cpu_milli, memory_mib, dra_pools(cluster.dra),
-                  cluster.dra.enabled, unsold, advice)
+                  cluster.dra.enabled, unsold, advice, domains)
 
 
 # ----- for people -----
@@ -291,6 +294,16 @@ def table(r: Report) -> str:
                   f"{r.pod_memory_mib / 1024:g} GiB memory):"]
     width = max((len(k) for k in r.fits), default=0)
     lines += [f"  {k.ljust(width)}  {v}" for k, v in r.fits.items()]
+    if r.domains:
+        sizes = sorted({g for d in r.domains for g in d.largest})
+        lines += ["", "NVLink domains (nodes sharing one; the largest group of pods of 1 GPU, or of a whole node, that "
+                      "still fits in each, each pod also asking the CPU and memory above per GPU):"]
+        rows3 = [("DOMAIN", "NODES", "GPUS", "FREE", "IDLE", "WHOLE NODES",
+                  *(f"GROUP OF {g}-GPU PODS" for g in sizes))]
+        rows3 += [(d.name, str(d.nodes), str(d.gpus), f"{d.free:g}", str(d.idle), str(d.whole_nodes),
+                   *(str(d.largest.get(g, 0)) for g in sizes)) for d in r.domains]
+        w3 = [max(len(row[i]) for row in rows3) for i in range(len(rows3[0]))]
+        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, w3, strict=True)).rstrip() for row in rows3]
     if r.dra:
         lines += ["", "DRA pools (gpu.nvidia.com ResourceSlices; free = held by no claim):"]
         rows2 = [("NODE", "FREE DEVICES", "FREE MEMORY", "DEVICES (free/all)")]

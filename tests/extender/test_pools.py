@@ -39,3 +39,22 @@ async def test_each_pool_counts_what_it_sells_holds_and_leaves_idle(client_for: 
     empty = await scrape(client_for, [])
     assert empty[("gpu_tailor_pool_gpus_used", "H100", "whole")] == 0
     assert empty[("gpu_tailor_pool_gpus_idle", "H100", "whole")] == 13
+
+
+async def test_each_nvlink_domain_says_its_gpus_and_the_largest_group_that_still_fits(client_for: Any) -> None:
+    from tests.extender.test_gangs import NODES as TRAYS, synced
+
+    cache = synced([gpu_pod("busy", 2, node="gb-1-0", annotations={labels.ANN_GPUS: "0,1"})])
+    cache.snapshot()  # the fleet rows a request would have written
+    client = await client_for(cache)
+    text = await (await client.get("/metrics")).text()
+    got = {(s.name, s.labels["domain"], s.labels.get("gpus_per_pod", "")): s.value
+           for f in text_string_to_metric_families(text) for s in f.samples if s.name.startswith("gpu_tailor_domain_")}
+    one, busy = f"{labels.GPU_CLIQUE}=uuid-0.0", f"{labels.GPU_CLIQUE}=uuid-1.1"
+    assert len({d for _, d, _ in got}) == len(TRAYS) // 4
+    assert got[("gpu_tailor_domain_gpus", busy, "")] == 16
+    assert got[("gpu_tailor_domain_gpus_idle", busy, "")] == 14
+    assert got[("gpu_tailor_domain_whole_nodes", busy, "")] == 3
+    assert got[("gpu_tailor_domain_largest_group", busy, "4")] == 3
+    assert got[("gpu_tailor_domain_largest_group", busy, "1")] == 14
+    assert got[("gpu_tailor_domain_largest_group", one, "4")] == 4

@@ -76,3 +76,20 @@ def test_node_pools_by_cloud_label(labels: dict[str, str], pool: str) -> None:
 def test_pools_by_a_label_of_ones_own() -> None:
     r = capacity(fixture_cluster(), pool_label="topology.kubernetes.io/region")
     assert {(p.pool, p.product) for p in r.pools} >= {("eastus", "H100"), ("us-east-1", "V100")}
+
+
+def test_capacity_lists_the_nvlink_domains_and_the_largest_group_each_still_holds() -> None:
+    from gpu_tailor.gpumodel import labels
+    from gpu_tailor.tools.capacity import capacity, table
+    from gpu_tailor.tools.source import Cluster
+    from tests.extender.test_gangs import NODES as TRAYS
+    from tests.tools.builders import pod
+
+    busy = pod("busy", {"nvidia.com/gpu": "2"}, node="gb-1-0", annotations={"gpu-tailor.io/gpus": "0,1"})
+    r = capacity(Cluster(TRAYS, [busy], None, "trays"))
+    rows = {d.name: d for d in r.domains}
+    used = rows[f"{labels.GPU_CLIQUE}=uuid-1.1"]
+    assert (used.nodes, used.gpus, used.idle, used.whole_nodes, used.largest) == (4, 16, 14, 3, {1: 14, 4: 3})
+    assert rows[f"{labels.GPU_CLIQUE}=uuid-0.0"].largest == {1: 16, 4: 4}
+    assert "GROUP OF 4-GPU PODS" in table(r)
+    assert capacity(Cluster([], [], None, "none")).domains == []
