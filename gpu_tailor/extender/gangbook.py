@@ -31,7 +31,7 @@ from gpu_tailor.gpumodel import gangs, labels
 from gpu_tailor.gpumodel.fleet import Fleet
 from gpu_tailor.gpumodel.groups import GroupRef
 from gpu_tailor.gpumodel.policies import Policy
-from gpu_tailor.gpumodel.schedule import Demand, NodeState, shape_of
+from gpu_tailor.gpumodel.schedule import Demand, Fit, NodeState, inventory_verdict, shape_of
 
 log = logging.getLogger(__name__)
 
@@ -137,13 +137,15 @@ class GroupBook:
 
     def _plan(self, books: Books, demand: Demand, ref: GroupRef, pod: dict[str, Any]) -> Plan | str:
         fleet, policy = books.fleet, books.policy
-        rows = fleet.rows()
-        names = [fleet.names[r] for r in rows]
-        offering = next((o for n in names if (ns := books.nodes.get(n)) is not None
-                         and (o := ns.inventory.offering(demand.resource)) is not None), None)
-        if offering is None:
-            return f"{ref.name}: no node sells {demand.resource}"
-        shape = shape_of(demand, offering)
+        # Only the nodes whose inventory can serve a member (what fit() checks before placing: health, product, the
+        # resource sold as whole GPUs and not as MIG slices or replicas): the fleet's rows say GPUs, not how they
+        # are sold, and a member's filter passes its planned node without fitting it again.
+        offers = [(r, v) for r in fleet.rows() if (ns := books.nodes.get(fleet.names[r])) is not None
+                  and not isinstance(v := inventory_verdict(ns.inventory, demand), Fit)]
+        if not offers:
+            return f"{ref.name}: no node serves {demand.units} x {demand.resource} to each of its pods"
+        rows = np.array([r for r, _ in offers], np.int64)
+        shape = shape_of(demand, offers[0][1])
         settled = [n for n in self.settled.get(ref.key, []) if n in fleet.index]
         if len(settled) >= ref.size:
             return f"{ref.name} has its {ref.size} pods bound: this one is one too many"
