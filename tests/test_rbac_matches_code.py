@@ -188,10 +188,16 @@ def custom_sources(module: ast.Module) -> Iterator[tuple[str, str]]:
     if "list_cluster_custom_object" not in ast.unparse(module):
         return
     for node in ast.walk(module):
-        target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0] \
-            if isinstance(node, ast.Assign) else None
-        if isinstance(target, ast.Name) and target.id == "SOURCES" and isinstance(node.value, ast.Tuple):
-            for row in node.value.elts:
+        target: ast.expr
+        value: ast.expr | None
+        if isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Assign):
+            target, value = node.targets[0], node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id == "SOURCES" and isinstance(value, ast.Tuple):
+            for row in value.elts:
                 assert isinstance(row, ast.Tuple), f"line {row.lineno}: a SOURCES row is a tuple"
                 group, plural = row.elts[1], row.elts[3]
                 assert isinstance(group, ast.Constant) and isinstance(plural, ast.Constant)

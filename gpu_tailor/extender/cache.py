@@ -336,9 +336,11 @@ class Cache(Ledger):
                 self.seen.discard(old.uid)
         if rec.node and uid in self.groups.members:  # a group's member: its slot's GPUs become its own first
             self.groups.bound(self, uid, rec.node)
-        elif not rec.node and rec.demand.gpu and labels.ANN_GROUP_PLAN in (obj.get("metadata") or {}).get(
-                "annotations", {}):
-            self._restore_plan(obj, rec)
+        elif not rec.node and not waiting(obj) and uid in self.groups.settled_in:  # a member finished
+            self.groups.gone(uid)
+        elif rec.demand.gpu and (labels.ANN_GROUP_PLAN in ((obj.get("metadata") or {}).get("annotations") or {})
+                                 or (rec.node and self.groups.plans)):
+            self._restore_plan(obj, rec)  # a plan written on this pod (bound or not), or a member bound before it
         self._add(rec)
         if record:
             del self.ours[uid]

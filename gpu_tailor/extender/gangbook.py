@@ -45,6 +45,7 @@ class Books(Protocol):
 
     nodes: dict[str, NodeState]
     pods: dict[str, PodRecord]
+    on_node: dict[str, dict[str, PodRecord]]
     fleet: Fleet
 
     @property
@@ -106,8 +107,10 @@ class GroupBook:
     members: dict[str, tuple[str, int]] = field(default_factory=dict)  # member uid -> (group key, slot)
     released: list[tuple[Plan, str]] = field(default_factory=list)  # for the server to report, then cleared
     unwritten: list[Plan] = field(default_factory=list)  # plans for the server to write on their anchor pod
-    # the nodes of each group's members seen bound, kept past its plan: the rest is planned beside them
-    settled: OrderedDict[str, list[str]] = field(default_factory=OrderedDict)
+    # each group's members seen bound and where (uid -> node), kept past its plan while they run: the rest of the
+    # group is planned beside them; a member deleted or finished leaves it
+    settled: OrderedDict[str, dict[str, str]] = field(default_factory=OrderedDict)
+    settled_in: dict[str, str] = field(default_factory=dict)  # member uid -> its group key in ``settled``
 
     # ----- the filter -----
     def answer(self, books: Books, pod: dict[str, Any], demand: Demand, ref: GroupRef) -> Answer:
@@ -146,7 +149,7 @@ class GroupBook:
             return f"{ref.name}: no node serves {demand.units} x {demand.resource} to each of its pods"
         rows = np.array([r for r, _ in offers], np.int64)
         shape = shape_of(demand, offers[0][1])
-        settled = [n for n in self.settled.get(ref.key, []) if n in fleet.index]
+        settled = [n for n in self.settled.get(ref.key, {}).values() if n in fleet.index]
         if len(settled) >= ref.size:
             return f"{ref.name} has its {ref.size} pods bound: this one is one too many"
         if settled and ref.domain != gangs.ANYWHERE:  # the rest goes beside the members bound
@@ -197,6 +200,14 @@ class GroupBook:
             if rec is not None:
                 books._drop(rec)
 
+    def held_for(self, uid: str, node: str) -> str:
+        """The key of the reservation held for pod ``uid`` on ``node`` ("" where none is)."""
+        where = self.members.get(uid)
+        plan = self.plans.get(where[0]) if where is not None else None
+        if plan is None or where is None or plan.slots[where[1]].node != node or plan.slots[where[1]].bound:
+            return ""
+        return plan.reservation(where[1])
+
     def bound(self, books: Books, uid: str, node: str) -> None:
         """A member was seen bound (on its slot's node or not): its slot's GPUs are its own now."""
         where = self.members.get(uid)
@@ -207,10 +218,13 @@ class GroupBook:
         if slot.bound:
             return
         slot.bound = True
-        self.settled.setdefault(plan.ref.key, []).append(node)
+        self.settled.setdefault(plan.ref.key, {})[uid] = node
+        self.settled_in[uid] = plan.ref.key
         self.settled.move_to_end(plan.ref.key)
         if len(self.settled) > KEPT_GROUPS:
-            self.settled.popitem(last=False)
+            _, dropped = self.settled.popitem(last=False)
+            for gone in dropped:
+                self.settled_in.pop(gone, None)
         rec = books.pods.get(plan.reservation(where[1]))
         if rec is not None:
             books._drop(rec)
@@ -220,7 +234,13 @@ class GroupBook:
             self._forget(plan)
 
     def gone(self, uid: str) -> None:
-        """A member was deleted before it was bound: its slot waits for another pod of the group."""
+        """A member was deleted or finished: bound, it no longer counts in its group; not bound yet, its slot waits
+        for another pod of the group."""
+        key = self.settled_in.pop(uid, None)
+        if key is not None and key in self.settled:
+            self.settled[key].pop(uid, None)
+            if not self.settled[key]:
+                del self.settled[key]
         where = self.members.pop(uid, None)
         plan = self.plans.get(where[0]) if where is not None else None
         if plan is not None and where is not None and not plan.slots[where[1]].bound:
@@ -246,10 +266,21 @@ class GroupBook:
     # ----- read back -----
     def restore(self, books: Books, pod: dict[str, Any], ref: GroupRef, demand: Demand) -> None:
         """A pod carrying a plan (``gpu-tailor.io/group-plan``) was listed or watched: hold it again where this
-        replica holds none for the group (a restart, a standby taking over)."""
-        raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(labels.ANN_GROUP_PLAN)
-        if raw is None or ref.key in self.plans:
+        replica holds none for the group (a restart, a standby taking over). Or a pod of a group whose plan is held
+        was seen bound: a member bound before the plan was read back, whose slot is its own now.
+
+        The plan is written once, at the first member's filter, bound or not by now; it names that member only, so
+        a member bound before the plan was read back is known by the slot's GPUs it holds (``_taken``) or by its
+        node (``_claim``)."""
+        uid, node = pod_uid(pod), str((pod.get("spec") or {}).get("nodeName") or "")
+        held = self.plans.get(ref.key)
+        if held is not None:
+            if node and uid not in self.members:
+                self._claim(books, held, uid, node)
             return
+        raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(labels.ANN_GROUP_PLAN)
+        if raw is None or ref.key in self.settled:
+            return  # its members were seen bound by this replica: the plan was held here, and is done or released
         try:
             wire = json.loads(str(raw))
             slots = [Slot(str(n), tuple(int(g) for g in gpus), str(m)) for n, gpus, m in wire["slots"]]
@@ -262,7 +293,23 @@ class GroupBook:
         meta = pod.get("metadata") or {}
         plan = Plan(ref, demand, str(wire.get("domain", "")), slots, deadline,
                     f"{meta.get('namespace', '')}/{meta.get('name', '')}", written=True)
-        for s in slots:  # members seen bound already hold their own GPUs
-            rec = next((r for r in books.pods.values() if s.member and r.uid == s.member), None)
-            s.bound = rec is not None and bool(rec.node) and not rec.node.startswith(RESERVED)
+        for s in slots:  # members bound already hold their own GPUs: this pod where it is bound, and the others
+            s.bound = bool(node) if s.member == uid else self._taken(books, s)
+        if all(s.bound for s in slots):
+            return
         self.install(books, plan)
+
+    @staticmethod
+    def _taken(books: Books, slot: Slot) -> bool:
+        """Whether a pod counted on the slot's node holds one of its GPUs: the member it was held for (nothing else
+        could take them while the plan held them)."""
+        return any(not reserved(key) and rec.placement is not None and set(rec.placement.gpus) & set(slot.gpus)
+                   for key, rec in (books.on_node.get(slot.node) or {}).items())
+
+    def _claim(self, books: Books, plan: Plan, uid: str, node: str) -> None:
+        """A pod of the group seen bound on ``node`` without a slot here: the slot held there is its own."""
+        free = [i for i, s in enumerate(plan.slots) if s.node == node and not s.bound and s.member in ("", uid)]
+        if free:
+            plan.slots[free[0]].member = uid
+            self.members[uid] = (plan.ref.key, free[0])
+            self.bound(books, uid, node)

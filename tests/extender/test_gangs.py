@@ -186,3 +186,22 @@ def test_pods_of_a_kube_scheduler_podgroup_are_planned_whole_in_its_clique() -> 
     assert len(set(places)) == 3 and {clique(p) for p in places} == {"2"}  # the clique in use that holds it
     plan = next(iter(cache.groups.plans.values()))
     assert plan.ref.domain == "required" and plan.domain == f"{labels.GPU_CLIQUE}=uuid-2.2"
+
+
+def test_a_group_run_again_under_its_name_is_planned_again_once_the_last_run_is_gone() -> None:
+    cache = synced([])
+    first = [member("train", i, 2) for i in range(2)]
+    for m in first:
+        cache.apply_pod("MODIFIED", bound(m, filtered(cache, m)[0][0]))
+    assert not cache.groups.plans
+    done = bound(first[0], first[0]["spec"].get("nodeName") or "")
+    done["status"] = {"phase": "Succeeded"}  # the first run ends: one pod succeeds, the other is deleted
+    done["metadata"]["resourceVersion"] = "3"
+    cache.apply_pod("MODIFIED", done)
+    cache.apply_pod("DELETED", first[1])
+    assert not cache.groups.settled
+    again = [member("train", i, 2) for i in range(2)]
+    for m in again:
+        m["metadata"]["uid"] += "-again"
+    passed = [filtered(cache, m)[0] for m in again]
+    assert all(len(p) == 1 for p in passed) and passed[0] != passed[1]
