@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Awaitable, Coroutine
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -87,6 +88,19 @@ class ApiBinder:
             raise Refused(f"{status}: {status_message(text, 'no message')}")
         if not 200 <= status < 300:
             raise ApiRefused("writing the record", status, status_message(text, "no message"))
+
+    async def pod_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+        """A Warning event on the pod (kubectl describe shows it), from gpu-tailor-scheduler."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event: Any = {"metadata": {"generateName": f"{name}.", "namespace": namespace},
+                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace,
+                                    "uid": uid},
+                 "reason": reason, "message": message[:1024], "type": "Warning", "count": 1,
+                 "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "gpu-tailor-scheduler"}}
+        status, text = await _raw(self.core.create_namespaced_event(namespace, event, _preload_content=False,
+                                                                    _request_timeout=API_TIMEOUT))
+        if not 200 <= status < 300:
+            raise ApiRefused("the event", status, status_message(text, "no message"))
 
     async def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         # raw, so the pod is the API's JSON (camelCase), as the watch delivers it

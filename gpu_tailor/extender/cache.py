@@ -130,6 +130,8 @@ class Cache(Ledger):
         fleet rows written; assumptions past their deadline are dropped first."""
         self.expire()
         self.expire_reports()
+        if self.groups.plans:
+            self.groups.expire(self)
         self._dra_changed()
         self.refresh()
         return Snapshot(self._view, self.fleet, self.policy, frozenset(self._degraded), self.verdicts, self.ready,
@@ -359,8 +361,7 @@ class Cache(Ledger):
             ref = resolved(ref, self.group_objects.objects, self.domain_keys)
         if ref is None or ref.size < 2:
             return None
-        self.groups.expire(self)
-        self.snapshot()  # the fleet's rows as they are now: the plan is made on them
+        self.snapshot()  # the fleet's rows as they are now (plans past their deadline released): plans are made on them
         return self.groups.answer(self, pod, demand, ref)
 
     def _restore_plan(self, obj: dict[str, Any], rec: PodRecord) -> None:

@@ -30,6 +30,7 @@ from gpu_tailor.extender.records import PodRecord, pod_uid
 from gpu_tailor.gpumodel import gangs, labels
 from gpu_tailor.gpumodel.fleet import Fleet
 from gpu_tailor.gpumodel.groups import GroupRef
+from gpu_tailor.gpumodel.inventory import HealthState
 from gpu_tailor.gpumodel.policies import Policy
 from gpu_tailor.gpumodel.schedule import Demand, Fit, NodeState, inventory_verdict, shape_of
 
@@ -80,6 +81,7 @@ class Plan:
     deadline: float
     anchor: str  # namespace/name of the pod it was made for, which carries it
     written: bool = False
+    anchor_uid: str = ""
 
     def wire(self) -> str:
         return json.dumps({"group": self.ref.key, "size": self.ref.size, "domain": self.domain,
@@ -155,13 +157,19 @@ class GroupBook:
         if settled and ref.domain != gangs.ANYWHERE:  # the rest goes beside the members bound
             rows = rows[fleet.domain[rows] == fleet.domain[fleet.index[settled[0]]]]
         gang = gangs.Gang(ref.size - len(settled), shape, ref.domain)
-        chosen = gangs.plan(policy, gang, None, rows)
+        # degraded nodes last, as for single pods: the group goes there only where nothing else holds it
+        healthy = np.array([books.nodes[fleet.names[r]].inventory.health.state is not HealthState.DEGRADED
+                            for r in rows], bool)
+        chosen = gangs.plan(policy, gang, None, rows[healthy]) if healthy.any() else None
+        if chosen is None and not healthy.all():
+            chosen = gangs.plan(policy, gang, None, rows)
         if chosen is None:
             return self._why_not(fleet, gang, ref, demand, rows)
         domain = fleet.domain_names[chosen.domain] if chosen.domain >= 0 else ""
         plan = Plan(ref, demand, domain if chosen.domain >= 0 and fleet.labelled[chosen.domain] else "",
                     [Slot(fleet.names[m.node], m.gpus) for m in chosen.members], self.wall() + self.timeout,
-                    f"{(pod.get('metadata') or {}).get('namespace', '')}/{(pod.get('metadata') or {}).get('name', '')}")
+                    f"{(pod.get('metadata') or {}).get('namespace', '')}/{(pod.get('metadata') or {}).get('name', '')}",
+                    anchor_uid=pod_uid(pod))
         self.install(books, plan)
         self.unwritten.append(plan)
         where = f"in NVLink domain {plan.domain}" if plan.domain else "over several domains" \
@@ -279,8 +287,8 @@ class GroupBook:
                 self._claim(books, held, uid, node)
             return
         raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(labels.ANN_GROUP_PLAN)
-        if raw is None or ref.key in self.settled:
-            return  # its members were seen bound by this replica: the plan was held here, and is done or released
+        if raw is None or ref.key in self.settled or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            return  # members seen bound by this replica (the plan was held here: done or released), or the group ran
         try:
             wire = json.loads(str(raw))
             slots = [Slot(str(n), tuple(int(g) for g in gpus), str(m)) for n, gpus, m in wire["slots"]]
@@ -292,19 +300,29 @@ class GroupBook:
             return
         meta = pod.get("metadata") or {}
         plan = Plan(ref, demand, str(wire.get("domain", "")), slots, deadline,
-                    f"{meta.get('namespace', '')}/{meta.get('name', '')}", written=True)
+                    f"{meta.get('namespace', '')}/{meta.get('name', '')}", written=True, anchor_uid=pod_uid(pod))
         for s in slots:  # members bound already hold their own GPUs: this pod where it is bound, and the others
-            s.bound = bool(node) if s.member == uid else self._taken(books, s)
+            s.bound = bool(node) and s.member == uid
+        self._taken(books, [s for s in slots if s.member != uid])
         if all(s.bound for s in slots):
             return
         self.install(books, plan)
 
     @staticmethod
-    def _taken(books: Books, slot: Slot) -> bool:
-        """Whether a pod counted on the slot's node holds one of its GPUs: the member it was held for (nothing else
-        could take them while the plan held them)."""
-        return any(not reserved(key) and rec.placement is not None and set(rec.placement.gpus) & set(slot.gpus)
-                   for key, rec in (books.on_node.get(slot.node) or {}).items())
+    def _taken(books: Books, slots: list[Slot]) -> None:
+        """Mark bound the slots whose GPUs a pod counted on their node holds: the members they were held for, bound
+        before the plan was read back (nothing else could take them while the plan held them). A pod whose GPUs are
+        not known yet (its node not listed yet, no record on it) takes one slot of its node."""
+        for node in {s.node for s in slots}:
+            open_slots = [s for s in slots if s.node == node]
+            for key, rec in (books.on_node.get(node) or {}).items():
+                if reserved(key) or not rec.demand.gpu:
+                    continue
+                gpus = rec.placement.gpus if rec.placement is not None else rec.recorded
+                hit = next((s for s in open_slots if gpus is None or set(gpus) & set(s.gpus)), None)
+                if hit is not None:
+                    hit.bound = True
+                    open_slots.remove(hit)
 
     def _claim(self, books: Books, plan: Plan, uid: str, node: str) -> None:
         """A pod of the group seen bound on ``node`` without a slot here: the slot held there is its own."""

@@ -81,6 +81,35 @@ METRICS = web.AppKey("metrics", Metrics)
 RECORDER = web.AppKey("recorder", Recorder)
 
 
+class GroupEvents:
+    """Posts an event on a group's first pod when its plan is released (``GroupBook.released``); ``post`` is set
+    once the API client exists."""
+
+    def __init__(self) -> None:
+        self.post: Callable[[str, str, str, str, str], Awaitable[None]] | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def drain(self, cache: Cache) -> None:
+        released, cache.groups.released = cache.groups.released, []
+        if self.post is None:
+            return
+        for plan, why in released:
+            ns, _, name = plan.anchor.partition("/")
+            task = asyncio.create_task(self._post(ns, name, plan.anchor_uid, why))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _post(self, ns: str, name: str, uid: str, why: str) -> None:
+        assert self.post is not None
+        try:
+            await self.post(ns, name, uid, "GroupPlanReleased", why)
+        except Exception as exc:  # the log has it too: an event is for people, never worth a retry loop
+            log.warning("the event on %s/%s could not be posted: %s", ns, name, exc)
+
+
+GROUP_EVENTS = web.AppKey("group_events", GroupEvents)
+
+
 async def _body(request: web.Request) -> Any:
     try:
         return orjson.loads(await request.read())
@@ -158,6 +187,8 @@ async def _filter(request: web.Request, body: Any) -> Any:
         await _write_plans(request.app, cache)
     out = verbs.filter_nodes(cache.snapshot(), args, member)
     cache.remember(args.pod, args.demand)  # a valid body: for a bind that beats the watch
+    if cache.groups.released:
+        request.app[GROUP_EVENTS].drain(cache)
     return out
 
 
@@ -392,6 +423,7 @@ def make_app(cache: Cache, binder: Binder | None = None, max_body: int = DEFAULT
     app[METRICS].registry.register(AgentMetrics(cache))
     app[BINDER] = BinderSlot(binder)
     app[RECORDER] = Recorder(cache, None, app[METRICS].registry)
+    app[GROUP_EVENTS] = GroupEvents()
     app[LAST_ARGS] = LastArgs()
     app.router.add_post("/filter", _verb("filter", _filter))
     app.router.add_post("/prioritize", _verb("prioritize", _prioritize))
@@ -420,6 +452,7 @@ def watch_ctx(cache: Cache, kubeconfig: str | None, in_cluster: bool, dra: bool 
             binder = ApiBinder(api)
             app[BINDER].binder = binder
             app[RECORDER].patch = binder.patch_pod
+            app[GROUP_EVENTS].post = binder.pod_event
             recorder = asyncio.create_task(app[RECORDER].run())
             try:
                 yield

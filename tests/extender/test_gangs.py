@@ -205,3 +205,30 @@ def test_a_group_run_again_under_its_name_is_planned_again_once_the_last_run_is_
         m["metadata"]["uid"] += "-again"
     passed = [filtered(cache, m)[0] for m in again]
     assert all(len(p) == 1 for p in passed) and passed[0] != passed[1]
+
+
+async def test_a_released_plan_is_told_as_an_event_on_the_groups_first_pod() -> None:
+    import asyncio
+
+    from gpu_tailor.extender.server import GroupEvents
+
+    wall = [1000.0]
+    cache = synced([], wall)
+    first = member("train", 0, 2)
+    filtered(cache, first)
+    wall[0] += cache.groups.timeout + 1
+    cache.snapshot()  # a snapshot releases the plans past their deadline
+    posted: list[tuple[str, str, str, str, str]] = []
+
+    async def post(ns: str, name: str, uid: str, reason: str, message: str) -> None:
+        posted.append((ns, name, uid, reason, message))
+
+    events = GroupEvents()
+    events.post = post
+    events.drain(cache)
+    await asyncio.gather(*events.tasks)
+    meta = first["metadata"]
+    ((ns, name, uid, reason, message),) = posted
+    assert (ns, name, uid, reason) == (meta["namespace"], meta["name"], meta["uid"], "GroupPlanReleased")
+    assert "2 of 2 pods not bound within 300s" in message
+    assert not cache.groups.released and not cache.groups.plans
