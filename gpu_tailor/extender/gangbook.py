@@ -321,7 +321,7 @@ class GroupBook:
                 gpus = rec.placement.gpus if rec.placement is not None else rec.recorded
                 hit = next((s for s in open_slots if gpus is None or set(gpus) & set(s.gpus)), None)
                 if hit is not None:
-                    hit.bound = True
+                    hit.bound, hit.member = True, rec.uid  # its slot: not handed to another member
                     open_slots.remove(hit)
 
     def _claim(self, books: Books, plan: Plan, uid: str, node: str) -> None:
