@@ -471,7 +471,24 @@ def test_node_deleted_and_recreated_as_another_product(cluster: Stack, group: Ca
     assert len(placed) == 16, "2 kept + 14 of the 16 new ones fill the 16 replicas; 2 wait"
     for p in placed:
         assert ANN_GPUS in p["metadata"].get("annotations", {}), p["metadata"]["name"]
-    waiting = [p for p in pods if not bound(p)]
-    assert all("nvidia.com/gpu" in pending_reason(cluster.kube, p) for p in waiting), \
-        [pending_reason(cluster.kube, p) for p in waiting]
+    # The two left waiting say why the recreated T4 cannot take them only once kube-scheduler has tried them on it,
+    # which it does when their backoff is over (1 s, doubled with each earlier try, up to 10 s): that can be after
+    # the 14 others are bound and recorded. Until then each shows the reason of its last try before the node was
+    # back (every node "didn't match Pod's node affinity/selector"). What they show does not say when it was given
+    # (the PodScheduled condition's time moves only when its status does, a repeated FailedScheduling event is not
+    # rewritten each time), so wait, with a deadline, for the reason that retry gives: the T4's nvidia.com/gpu are
+    # all taken.
+    waiting = [p["metadata"]["name"] for p in pods if not bound(p)]
+
+    def now_waiting() -> list[Obj]:
+        return [cluster.kube.get(api_path("pods", g.ns, name)) for name in waiting]
+
+    def reasons() -> list[str]:
+        return [pending_reason(cluster.kube, p) for p in now_waiting()]
+
+    wait_for(lambda: all("nvidia.com/gpu" in r for r in reasons()), 60,
+             "the 2 pods left waiting to be retried on the recreated T4 and told why in nvidia.com/gpu",
+             context=lambda: f"their reasons now: {reasons()}\n{cluster.context()}")
+    assert not [p["metadata"]["name"] for p in now_waiting() if bound(p)], "the 2 left waiting stay waiting"
+    assert all("nvidia.com/gpu" in r for r in reasons()), reasons()
     wait_ready(cluster.extender)
