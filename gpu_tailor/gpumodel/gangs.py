@@ -185,14 +185,18 @@ def _in_one_domain(policy: Policy, gang: Gang, mix: GangMix | None, rows: Array)
     order = sorted(map(int, fit), key=lambda d: (bool(untouched[d]), int(idle[d]), rank[d]))[:TRIED_DOMAINS]
     weights = mix.weights() if mix is not None else []
     best: tuple[tuple[float, ...], GangPlan] | None = None
+    alive = fleet.rows()
     for d in order:
-        domain_rows = fleet.rows()[fleet.domain[fleet.rows()] == d]
-        before = [int(slots(fleet, shape, domain_rows).sum()) // size for size, shape, _ in weights]
+        if best is not None and untouched[d]:
+            break  # a domain in use holds the gang: no untouched one comes before it (the key's first term)
+        domain_rows = alive[fleet.domain[alive] == d]
+        lone = len(order) == 1  # nothing to compare: the loss is not needed
+        before = [] if lone else [int(slots(fleet, shape, domain_rows).sum()) // size for size, shape, _ in weights]
         taken = _place(policy, gang, groups[d])
         if taken is None:
             continue
-        key = (float(untouched[d]), round(_loss(fleet, weights, domain_rows, before), 6),
-               float((fleet.gpu[domain_rows] == MILLI).sum()), float(rank[d]))
+        loss = 0.0 if lone else round(_loss(fleet, weights, domain_rows, before), 6)
+        key = (float(untouched[d]), loss, float((fleet.gpu[domain_rows] == MILLI).sum()), float(rank[d]))
         _release(fleet, gang.member, taken)
         if best is None or key < best[0]:
             best = (key, GangPlan(d, tuple(taken)))

@@ -97,18 +97,29 @@ class Job:
     duration: float = math.inf
 
     @property
-    def gpus(self) -> int:
-        return self.gang.size * self.gang.member.gpus
+    def gpus(self) -> float:
+        """GPUs asked, a share of one counted as its share (as the openb replay counts allocation)."""
+        return gpus(self.gang.member, self.gang.size)
+
+
+def gpus(shape: Shape, pods: int) -> float:
+    """The GPUs ``pods`` pods of ``shape`` take, a share of one GPU counted as its share."""
+    return pods * shape.gpu_milli / MILLI
 
 
 def training_jobs(kind: str, seed: int, count: int, load: float = 0.9, capacity_gpus: int = 0) -> list[Job]:
-    """A generated training mix for ``kind``'s nodes: a third of the GPUs in single pods of 1, 2 or a node's GPUs,
-    the rest in jobs of whole nodes (2 to 16 members on NVL72 racks, asking for one domain; 2 to 8 on HGX, asking
-    for none, since there a domain is one node) and of half nodes (2 to 4 members, preferring one domain). Durations
-    are log-normal around an hour; with ``capacity_gpus`` arrivals are Poisson at ``load`` of it."""
+    """A generated training mix for ``kind``'s nodes: 55% of the jobs single pods of 1, 2 or a node's GPUs, 20% jobs
+    of half nodes (2 to 4 members, preferring one domain), 25% jobs of whole nodes (2 to 16 members on NVL72 racks,
+    asking for one domain; 2 to 8 on HGX, asking for none, since there a domain is one node); by GPUs about a tenth
+    single pods, a tenth to a fifth half nodes, the rest whole nodes. Durations are log-normal around an hour; with
+    ``capacity_gpus`` arrivals are Poisson at ``load`` of it."""
     k = FLEETS[kind]
     rng = random.Random(seed)
     sizes = (2, 4, 8, 12, 16) if k.rack else (2, 4, 8)
+    singles = (1, 1, 2, k.gpus)
+    # the mix's mean GPUs per job and mean duration (log-normal: e^(mu + sigma^2 / 2))
+    mean_gpus = 0.55 * sum(singles) / len(singles) + 0.20 * 3 * (k.gpus // 2) + 0.25 * k.gpus * sum(sizes) / len(sizes)
+    mean_dur = 3600 * math.exp(0.8**2 / 2)
     big = REQUIRED if k.rack else ANYWHERE
     per_gpu = (k.cpu // k.gpus // 2, k.mem // k.gpus // 2)
     jobs: list[Job] = []
@@ -116,7 +127,7 @@ def training_jobs(kind: str, seed: int, count: int, load: float = 0.9, capacity_
     for i in range(count):
         draw = rng.random()
         if draw < 0.55:
-            g = rng.choice((1, 1, 2, k.gpus))
+            g = rng.choice(singles)
             gang = Gang(1, Shape(per_gpu[0] * g, per_gpu[1] * g, g, MILLI), ANYWHERE)
         elif draw < 0.75:
             g = k.gpus // 2
@@ -128,7 +139,6 @@ def training_jobs(kind: str, seed: int, count: int, load: float = 0.9, capacity_
         job = Job(f"job-{i:05d}", gang, t, duration)
         jobs.append(job)
         if capacity_gpus:  # Poisson arrivals keeping ``load`` of the GPUs busy on average
-            mean_gpus, mean_dur = 3.0 * k.gpus, 3600 * math.exp(0.32)
             t += rng.expovariate(load * capacity_gpus / (mean_gpus * mean_dur))
     return jobs
 
@@ -139,8 +149,9 @@ OPENB_WINDOW = 600.0  # seconds: multi-GPU pods of one shape created this close 
 def openb_jobs(path: Path, kind: str, seed: int) -> list[Job]:
     """openb's pods as jobs (openb_pod_list_default.csv: creation and deletion times): multi-GPU pods of one shape
     created within ``OPENB_WINDOW`` of the previous one are one job (a pod larger than a node becomes node-sized
-    members), asking for one domain; GPU-sharing and one-GPU pods stay single. Times are the trace's, shifted by the
-    seed's rotation so that each seed starts somewhere else."""
+    members), asking for one domain where one holds them (anywhere on HGX where they need several nodes); GPU-sharing
+    and one-GPU pods stay single. Times are the trace's, shifted by the seed's rotation so that each seed starts
+    somewhere else."""
     k = FLEETS[kind]
     try:
         with path.open(newline="") as fh:
@@ -167,7 +178,9 @@ def openb_jobs(path: Path, kind: str, seed: int) -> list[Job]:
         per = min(gpus, k.gpus)
         scale = per / gpus
         shape = Shape(int(cpu * scale), int(mem * scale), per, milli if gpus == 1 else MILLI)
-        domain = REQUIRED if members > 1 else ANYWHERE
+        # one domain where one can hold them all: on HGX a job of several whole nodes goes anywhere (as in
+        # ``training_jobs``), else it would never start
+        domain = REQUIRED if 1 < members <= max(k.rack, 1) * (k.gpus // per) else ANYWHERE
         jobs.append(Job(f"openb-{len(jobs):05d}", Gang(members, shape, domain), born,
                         max(d for _, d, *_ in group)))
         group.clear()
@@ -209,6 +222,8 @@ class Scheduler:
         self.policy: Policy = TailorPolicy(fleet, seed)
         self.mix = GangMix()
         self.order = sorted(set(int(d) for d in fleet.domain[self.rows]), key=lambda d: fleet.domain_names[d])
+        self.within = {d: fleet.domain[self.rows] == d for d in self.order}  # each domain's rows, as a mask
+        self.holds: dict[Shape, tuple[int, np.ndarray]] = {}  # ``could``'s bound per shape, and the fleet it saw
 
     @property
     def gangs(self) -> bool:
@@ -226,10 +241,15 @@ class Scheduler:
             chosen = plan(self.policy, gang, self.mix, self.rows)
             return list(chosen.members) if chosen is not None else None
         if gang.domain == ANYWHERE or gang.size == 1 or (gang.domain == PREFERRED and self.name == "kube-gangs"):
-            return self._kube_all(gang, self.rows)
+            return self._kube_all(gang)
         tried: list[tuple[float, int, Placed]] = []
+        # a domain where not one member fits is passed over unasked (kube-scheduler would draw no tie there; a
+        # pod restricted to GPU models is asked everywhere, as ``slots`` counts models and the model does not)
+        hold = domain_slots(self.fleet, gang.member, self.rows)
         for d in self.order:
-            placed = self._kube_all(gang, self.rows[self.fleet.domain[self.rows] == d])
+            if not hold[d] and not gang.member.models:
+                continue
+            placed = self._kube_all(gang, self.within[d])
             if placed is None:
                 continue
             if self.name == "first-fit-domain":
@@ -237,39 +257,44 @@ class Scheduler:
             tried.append((self._allocated(d, placed), -len(tried), placed))
         if tried:
             return max(tried, key=lambda t: t[:2])[2]
-        return self._kube_all(gang, self.rows) if gang.domain == PREFERRED else None
+        return self._kube_all(gang) if gang.domain == PREFERRED else None
 
     def could(self, gang: Gang, members: int) -> bool:
         """Whether ``members`` more of ``gang`` may fit, by ``gangs.domain_slots``'s bound (a cheap no)."""
         if not members:
             return True
-        hold = domain_slots(self.fleet, gang.member, self.rows)
+        seen = int(self.fleet.gen[self.rows].sum())  # rises with every take and release
+        at, hold = self.holds.get(gang.member, (-1, None))
+        if at != seen or hold is None:
+            hold = domain_slots(self.fleet, gang.member, self.rows)
+            self.holds[gang.member] = (seen, hold)
         if self.gangs and gang.domain == REQUIRED and gang.size > 1:
             return bool(hold.max() >= members)
         return bool(hold.sum() >= (members if self.gangs else 1))
 
     def _allocated(self, domain: int, placed: Placed) -> float:
-        rows = self.rows[self.fleet.domain[self.rows] == domain]
+        rows = self.rows[self.within[domain]]
         gpus = int(self.fleet.ngpu[rows].sum())
         idle = int((self.fleet.gpu[rows] == MILLI).sum()) - sum(len(c.gpus) for c in placed)
         return 1 - idle / max(gpus, 1)
 
-    def pod(self, shape: Shape, rows: np.ndarray | None = None) -> NodeChoice | None:
-        """kube-scheduler's choice for one pod (the default profile), among ``rows`` (all by default)."""
+    def pod(self, shape: Shape, among: np.ndarray | None = None) -> NodeChoice | None:
+        """kube-scheduler's choice for one pod (the default profile), among the rows ``among`` marks (all by
+        default)."""
         km = self.kube
         ok = km.fits(SimPod("", shape))
-        if rows is not None:
-            ok &= np.isin(self.rows, rows)
+        if among is not None:
+            ok &= among
         if not ok.any():
             return None
         at = int(self.rows[km.pick(ok, km.default_profile(SimPod("", shape)))])
         gpus = tuple(self.fleet.free_gpus(at)[: shape.gpus])
         return NodeChoice(at, gpus, 0.0)
 
-    def _kube_all(self, gang: Gang, rows: np.ndarray) -> Placed | None:
+    def _kube_all(self, gang: Gang, among: np.ndarray | None = None) -> Placed | None:
         taken: Placed = []
         for _ in range(gang.size):
-            c = self.pod(gang.member, rows)
+            c = self.pod(gang.member, among)
             if c is None:
                 break
             self.fleet.take(c.node, gang.member, c.gpus)
@@ -319,8 +344,7 @@ def replay(nodes: list[FleetNode], jobs: list[Job], scheduler: str, seed: int, *
     if durations:
         _queue(run, sched, jobs, capacity, progress)
         return run
-    arrived = 0
-    held = 0
+    arrived = held = 0.0
     for i, job in enumerate(jobs):
         if arrived + job.gpus > inflate * capacity:
             break
@@ -336,7 +360,7 @@ def replay(nodes: list[FleetNode], jobs: list[Job], scheduler: str, seed: int, *
                 _count(run, fleet, job, placed)
                 run.useful += job.gpus
             else:
-                held += len(placed) * job.gang.member.gpus
+                held += gpus(job.gang.member, len(placed))
         if progress is not None:
             progress(i + 1)
     run.alloc = (run.useful + held) / capacity
@@ -367,7 +391,7 @@ def _queue(run: JobRun, sched: Scheduler, jobs: list[Job], capacity: int,
     ends: list[tuple[float, int]] = []  # (time, job index) of running jobs
     waiting: list[int] = []
     bound: dict[int, Placed] = {}  # what each job holds, whole or not
-    busy = held = 0  # GPUs bound, and of those to jobs not whole
+    busy = held = 0.0  # GPUs bound, and of those to jobs not whole
     last, area, held_area = 0.0, 0.0, 0.0
     nxt = 0
     for j in jobs:
@@ -390,15 +414,15 @@ def _queue(run: JobRun, sched: Scheduler, jobs: list[Job], capacity: int,
         for c in placed:
             fleet.take(c.node, job.gang.member, c.gpus)
         have.extend(placed)
-        busy += len(placed) * job.gang.member.gpus
+        busy += gpus(job.gang.member, len(placed))
         if len(have) == job.gang.size:
-            held -= (len(have) - len(placed)) * job.gang.member.gpus
+            held -= gpus(job.gang.member, len(have) - len(placed))
             waiting.remove(i)
             run.waits.append(now - job.arrival)
             _count(run, fleet, job, have)
             heapq.heappush(ends, (now + job.duration, i))
         else:
-            held += len(placed) * job.gang.member.gpus
+            held += gpus(job.gang.member, len(placed))
 
     while nxt < len(jobs) or ends:
         arrival = jobs[nxt].arrival if nxt < len(jobs) else math.inf
@@ -417,8 +441,6 @@ def _queue(run: JobRun, sched: Scheduler, jobs: list[Job], capacity: int,
             nxt += 1
             if progress is not None:
                 progress(nxt)
-        if now > horizon and not ends:
-            break
         # an arrival changes nothing for the jobs already waiting: only the new one is tried; a departure, all of them
         for i in list(waiting) if freed else waiting[-1:]:
             if sched.could(jobs[i].gang, jobs[i].gang.size - len(bound.get(i, ()))):
@@ -439,20 +461,33 @@ def largest_whole_gang(fleet: Fleet) -> int:
 
 
 def fill(nodes: list[FleetNode], singles: Iterable[Shape], scheduler: str, seed: int,
-         marks: tuple[float, ...] = (0.5, 0.6)) -> dict[float, tuple[int, float]]:
+         marks: tuple[float, ...] = (0.5, 0.6), policy: Callable[[Fleet, int], Policy] | None = None,
+         ) -> dict[float, tuple[int, float]]:
     """Single pods placed one by one until each fraction of ``marks`` of the GPUs has arrived: at each, the largest
-    job of whole nodes that still fits in one domain, and the GPUs placed over those arrived (nothing leaves)."""
+    job of whole nodes that still fits in one domain, and the GPUs placed over those arrived (nothing leaves).
+    With ``policy`` (a factory) that policy alone places them (``Policy.choose``), and ``scheduler`` is a name."""
     fleet = build(nodes, seed)
-    sched = Scheduler(scheduler, fleet, nodes, seed)
+    if policy is not None:
+        alone = policy(fleet, seed)
+
+        def place(shape: Shape) -> Placed | None:
+            alone.observe(shape)
+            choice = alone.choose(shape)
+            return [choice] if choice is not None else None
+    else:
+        sched = Scheduler(scheduler, fleet, nodes, seed)
+
+        def place(shape: Shape) -> Placed | None:
+            job = Job("", Gang(1, shape, ANYWHERE))
+            sched.observe(job)
+            return sched.job(job) if sched.name == "gpu-tailor" else _pods(sched, job.gang, 1)
     capacity = int(fleet.ngpu[: fleet.n].sum())
     out: dict[float, tuple[int, float]] = {}
     arrived = used = 0
     for shape in singles:
         if len(out) == len(marks):
             break
-        job = Job("", Gang(1, shape, ANYWHERE))
-        sched.observe(job)
-        placed = sched.job(job) if sched.name == "gpu-tailor" else _pods(sched, job.gang, 1)
+        placed = place(shape)
         arrived += shape.gpus
         if placed:
             fleet.take(placed[0].node, shape, placed[0].gpus)
