@@ -179,6 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
                          "mix for them (default: none; what each costs: docs/tailor-experiments.md)")
     si.add_argument("--inventory", action="store_true",
                     help="print the parsed GPU inventory of the bundled example nodes and exit")
+    si.add_argument("--jobs", metavar="WORKLOAD",
+                    help="multi-pod jobs on NVLink-domain fleets under gpu-tailor and kube-scheduler with and without "
+                         "gangs: training (generated), openb (the trace's pods as jobs, needs --trace DIR) or cliques "
+                         "(single pods filling NVL72 racks: how large a job of whole trays still fits in one)")
+    si.add_argument("--fleet", action="append", metavar="NAME",
+                    help="with --jobs: nvl72-gb200, nvl72-gb300, hgx-h100 (repeatable; default: all three, for "
+                         "cliques nvl72-gb200)")
+    si.add_argument("--racks", type=int, metavar="N",
+                    help="with --jobs: NVL72 racks of 18 trays, or 9 x N HGX nodes (default 8; cliques 3)")
+    si.add_argument("--durations", action="store_true",
+                    help="with --jobs: jobs arrive over time, queue, run and leave (default: arrive until --inflate x "
+                         "the GPUs have, placed or dropped, never leaving)")
     tr = sub.add_parser("trace", help="get the openb trace, or write the generated workload as CSV",
                         description="fetch: download the Alibaba openb trace (CC BY 4.0) from its public home into "
                                     "DIR, checking every file's size and SHA-256; generate: write the cluster "

@@ -114,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
     if args.inventory:
         print(inventory_table(bundled_nodes()))
         return 0
+    from gpu_tailor.simulate import jobs_cli  # it imports this module's helpers
+
+    if jobs_cli.wanted(args):
+        return jobs_cli.run_jobs(args)
     if args.mig:
         return run_mig(args)
     if args.scheduler or args.cluster_file:
