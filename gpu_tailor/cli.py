@@ -22,7 +22,9 @@ WEBHOOK_CONFIG_HELP = (
     "nodeSelector")
 EXTENDER_CONFIG_HELP = (
     "YAML settings (docs/configuration.md): maxBodyMiB (default 64), ties (rank | whole | blocks | multi-blocks, "
-    "default multi-blocks), prior: weight, floor, minGpus (whole-node jobs the learnt pod mix counts from the start)")
+    "default multi-blocks), prior: weight, floor, minGpus (whole-node jobs the learnt pod mix counts from the start), "
+    "domainLabels (node labels naming an NVLink domain, before nvidia.com/gpu.clique), groupTimeoutSeconds (300: how "
+    "long a group's plan holds GPUs for its pods not bound yet)")
 
 
 def _cluster_source(p: argparse.ArgumentParser) -> None:

@@ -42,7 +42,8 @@ async def test_each_pool_counts_what_it_sells_holds_and_leaves_idle(client_for: 
 
 
 async def test_each_nvlink_domain_says_its_gpus_and_the_largest_group_that_still_fits(client_for: Any) -> None:
-    from tests.extender.test_gangs import NODES as TRAYS, synced
+    from tests.extender.test_gangs import NODES as TRAYS
+    from tests.extender.test_gangs import synced
 
     cache = synced([gpu_pod("busy", 2, node="gb-1-0", annotations={labels.ANN_GPUS: "0,1"})])
     cache.snapshot()  # the fleet rows a request would have written
