@@ -34,7 +34,9 @@ from gpu_tailor.gpumodel.policies.base import NodeChoice, Policy
 
 REQUIRED, PREFERRED, ANYWHERE = "required", "preferred", "anywhere"
 DOMAIN_ASKS = (REQUIRED, PREFERRED, ANYWHERE)
-TRIED_DOMAINS = 16  # domains a plan places member by member, the best by their bound first
+# domains a plan compares, the best by their bound first: it places the gang member by member in each until this many
+# hold it, giving up after four times as many tries (the bound is an upper bound: NVLink sets, CPU per node)
+TRIED_DOMAINS = 16
 _MANY = 1 << 30
 
 
@@ -182,19 +184,23 @@ def _in_one_domain(policy: Policy, gang: Gang, mix: GangMix | None, rows: Array)
     idle = idle_gpus(fleet, fleet.rows())
     rank = {d: int(fleet.rank[groups[d]].min()) for d in map(int, fit)}
     # the bound's order: in use first, then the fewest idle GPUs (tightest), then the rank
-    order = sorted(map(int, fit), key=lambda d: (bool(untouched[d]), int(idle[d]), rank[d]))[:TRIED_DOMAINS]
+    order = sorted(map(int, fit), key=lambda d: (bool(untouched[d]), int(idle[d]), rank[d]))[:4 * TRIED_DOMAINS]
     weights = mix.weights() if mix is not None else []
     best: tuple[tuple[float, ...], GangPlan] | None = None
     alive = fleet.rows()
+    held = 0  # domains that held it
     for d in order:
         if best is not None and untouched[d]:
             break  # a domain in use holds the gang: no untouched one comes before it (the key's first term)
+        if held == TRIED_DOMAINS:
+            break
         domain_rows = alive[fleet.domain[alive] == d]
         lone = len(order) == 1  # nothing to compare: the loss is not needed
         before = [] if lone else [int(slots(fleet, shape, domain_rows).sum()) // size for size, shape, _ in weights]
         taken = _place(policy, gang, groups[d])
         if taken is None:
             continue
+        held += 1
         loss = 0.0 if lone else round(_loss(fleet, weights, domain_rows, before), 6)
         key = (float(untouched[d]), loss, float((fleet.gpu[domain_rows] == MILLI).sum()), float(rank[d]))
         _release(fleet, gang.member, taken)
