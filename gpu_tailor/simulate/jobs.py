@@ -292,16 +292,22 @@ class Scheduler:
         return NodeChoice(at, gpus, 0.0)
 
     def _kube_all(self, gang: Gang, among: np.ndarray | None = None) -> Placed | None:
-        taken: Placed = []
-        for _ in range(gang.size):
+        taken = self.pods(gang, gang.size, among)
+        return taken if len(taken) == gang.size else None
+
+    def pods(self, gang: Gang, n: int, among: np.ndarray | None = None) -> Placed:
+        """Up to ``n`` pods of ``gang``, one by one among ``among`` (all rows by default), as kube-scheduler places
+        them without gangs: those that fit (nothing is left taken on the fleet: the caller takes them)."""
+        placed: Placed = []
+        for _ in range(n):
             c = self.pod(gang.member, among)
             if c is None:
                 break
             self.fleet.take(c.node, gang.member, c.gpus)
-            taken.append(c)
-        for c in reversed(taken):
+            placed.append(c)
+        for c in reversed(placed):
             self.fleet.release(c.node, gang.member, c.gpus)
-        return taken if len(taken) == gang.size else None
+        return placed
 
 
 @dataclass
@@ -352,7 +358,7 @@ def replay(nodes: list[FleetNode], jobs: list[Job], scheduler: str, seed: int, *
         run.jobs += 1
         run.gangs += job.gang.size > 1
         sched.observe(job)
-        placed = sched.job(job) if sched.gangs else _pods(sched, job.gang, job.gang.size)
+        placed = sched.job(job) if sched.gangs else sched.pods(job.gang, job.gang.size)
         if placed:
             for c in placed:
                 fleet.take(c.node, job.gang.member, c.gpus)
@@ -367,21 +373,6 @@ def replay(nodes: list[FleetNode], jobs: list[Job], scheduler: str, seed: int, *
     run.useful /= capacity
     run.held = held / capacity
     return run
-
-
-def _pods(sched: Scheduler, gang: Gang, n: int) -> Placed:
-    """Up to ``n`` pods of ``gang``, one by one (each taken on the fleet by the caller), as kube-scheduler places
-    them without gangs: those that fit bind."""
-    placed: Placed = []
-    for _ in range(n):
-        c = sched.pod(gang.member)
-        if c is None:
-            break
-        sched.fleet.take(c.node, gang.member, c.gpus)
-        placed.append(c)
-    for c in reversed(placed):
-        sched.fleet.release(c.node, gang.member, c.gpus)
-    return placed
 
 
 def _queue(run: JobRun, sched: Scheduler, jobs: list[Job], capacity: int,
@@ -410,7 +401,7 @@ def _queue(run: JobRun, sched: Scheduler, jobs: list[Job], capacity: int,
         job = jobs[i]
         have = bound.setdefault(i, [])
         want = job.gang.size - len(have)
-        placed = (sched.job(job) or []) if sched.gangs else _pods(sched, job.gang, want)
+        placed = (sched.job(job) or []) if sched.gangs else sched.pods(job.gang, want)
         for c in placed:
             fleet.take(c.node, job.gang.member, c.gpus)
         have.extend(placed)
@@ -480,7 +471,7 @@ def fill(nodes: list[FleetNode], singles: Iterable[Shape], scheduler: str, seed:
         def place(shape: Shape) -> Placed | None:
             job = Job("", Gang(1, shape, ANYWHERE))
             sched.observe(job)
-            return sched.job(job) if sched.name == "gpu-tailor" else _pods(sched, job.gang, 1)
+            return sched.job(job) if sched.name == "gpu-tailor" else sched.pods(job.gang, 1)
     capacity = int(fleet.ngpu[: fleet.n].sum())
     out: dict[float, tuple[int, float]] = {}
     arrived = used = 0
