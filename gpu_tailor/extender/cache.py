@@ -348,7 +348,7 @@ class Cache(Ledger):
             del self.ours[uid]
             self._unrecorded(key, uid)
 
-    def group_answer(self, pod: dict[str, Any], demand: Demand) -> Answer | None:
+    def group_answer(self, pod: dict[str, Any], demand: Demand, candidates: list[str] | None = None) -> Answer | None:
         """For a member of a group (``groups.group_of``) of a GPU pod: the one node it may go to, its group planned
         first where no plan is held (``GroupBook.answer``), or why none; None for any other pod."""
         if not demand.gpu or not self.ready:
@@ -362,7 +362,7 @@ class Cache(Ledger):
         if ref is None or ref.size < 2:
             return None
         self.snapshot()  # the fleet's rows as they are now (plans past their deadline released): plans are made on them
-        return self.groups.answer(self, pod, demand, ref)
+        return self.groups.answer(self, pod, demand, ref, candidates)
 
     def _restore_plan(self, obj: dict[str, Any], rec: PodRecord) -> None:
         try:

@@ -20,7 +20,7 @@ import json
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -60,6 +60,22 @@ class Books(Protocol):
 def reserved(key: str) -> bool:
     """Whether a record's key is a reservation's, not a pod's."""
     return key.partition("/")[2].startswith(RESERVED)
+
+
+def as_the_plugin_sees(state: NodeState, records: Iterable[tuple[str, PodRecord]]) -> NodeState:
+    """A node's ``state`` without the GPUs plans hold there for members still to come (``records``: the node's, by
+    key): what the device plugin picks from, which hands a pod any GPU no pod holds. Reservations steer the filter
+    and the scores; a pod's GPUs are predicted on this. A copy where something is held, else ``state``."""
+    held = [(key, rec) for key, rec in records if reserved(key)]
+    if not held:
+        return state
+    state = state.copy()
+    for key, rec in held:
+        if state.gpus.release(key) is not None:
+            state.units_used[rec.demand.resource] = state.units_used.get(rec.demand.resource, 0) - rec.demand.units
+        state.cpu_used -= rec.demand.cpu_milli
+        state.mem_used_mib -= rec.demand.memory_mib
+    return state
 
 
 @dataclass
@@ -115,8 +131,11 @@ class GroupBook:
     settled_in: dict[str, str] = field(default_factory=dict)  # member uid -> its group key in ``settled``
 
     # ----- the filter -----
-    def answer(self, books: Books, pod: dict[str, Any], demand: Demand, ref: GroupRef) -> Answer:
-        """The node a member may go to, planning its group first where nothing holds a plan for it."""
+    def answer(self, books: Books, pod: dict[str, Any], demand: Demand, ref: GroupRef,
+               candidates: list[str] | None = None) -> Answer:
+        """The node a member may go to, planning its group first where nothing holds a plan for it, on
+        ``candidates`` where given: the nodes kube-scheduler's own filters passed for this pod (its node selector,
+        affinity and tolerations, which its group's pods share; gpu-tailor-scheduler scores every feasible node)."""
         uid = pod_uid(pod)
         if uid in self.members:
             key, i = self.members[uid]
@@ -128,7 +147,7 @@ class GroupBook:
             return Answer(None, f"{ref.name}: its pods ask for different GPUs ({plan.demand.units} and "
                                 f"{demand.units} x {demand.resource}): a group's pods must ask alike")
         if plan is None:
-            made = self._plan(books, demand, ref, pod)
+            made = self._plan(books, demand, ref, pod, candidates)
             if isinstance(made, str):
                 return Answer(None, made)
             plan = made
@@ -140,12 +159,14 @@ class GroupBook:
         self.members[uid] = (ref.key, i)
         return Answer(plan.slots[i].node)
 
-    def _plan(self, books: Books, demand: Demand, ref: GroupRef, pod: dict[str, Any]) -> Plan | str:
+    def _plan(self, books: Books, demand: Demand, ref: GroupRef, pod: dict[str, Any],
+              candidates: list[str] | None) -> Plan | str:
         fleet, policy = books.fleet, books.policy
         # Only the nodes whose inventory can serve a member (what fit() checks before placing: health, product, the
         # resource sold as whole GPUs and not as MIG slices or replicas): the fleet's rows say GPUs, not how they
         # are sold, and a member's filter passes its planned node without fitting it again.
-        offers = [(r, v) for r in fleet.rows() if (ns := books.nodes.get(fleet.names[r])) is not None
+        rows = fleet.rows() if candidates is None else fleet.rows(candidates)
+        offers = [(r, v) for r in rows if (ns := books.nodes.get(fleet.names[r])) is not None
                   and not isinstance(v := inventory_verdict(ns.inventory, demand), Fit)]
         if not offers:
             return f"{ref.name}: no node serves {demand.units} x {demand.resource} to each of its pods"
@@ -207,14 +228,6 @@ class GroupBook:
             rec = books.pods.get(plan.reservation(i))
             if rec is not None:
                 books._drop(rec)
-
-    def held_for(self, uid: str, node: str) -> str:
-        """The key of the reservation held for pod ``uid`` on ``node`` ("" where none is)."""
-        where = self.members.get(uid)
-        plan = self.plans.get(where[0]) if where is not None else None
-        if plan is None or where is None or plan.slots[where[1]].node != node or plan.slots[where[1]].bound:
-            return ""
-        return plan.reservation(where[1])
 
     def bound(self, books: Books, uid: str, node: str) -> None:
         """A member was seen bound (on its slot's node or not): its slot's GPUs are its own now."""

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from gpu_tailor.extender.gangbook import as_the_plugin_sees
 from gpu_tailor.extender.records import PodRecord, holds, where
 from gpu_tailor.gpumodel.fleet import Shape
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
@@ -232,7 +233,11 @@ class Ledger:
             reported = self._reported(rec)
             if placement is None or refit or (reported is not None and holds(placement) != reported):
                 known = placement is not None and not placement.unplaced and not placement.counted
-                placement = where(ns, d, holds(placement)) if known else where(ns, d, rec.recorded, rec.among)
+                if known:
+                    placement = where(ns, d, holds(placement))
+                else:  # recorded, or predicted as the device plugin picks, blind to the GPUs plans hold here
+                    view = ns if rec.recorded else as_the_plugin_sees(ns, self.on_node.get(rec.node, {}).items())
+                    placement = where(view, d, rec.recorded, rec.among)
                 old = rec.placement
                 if old is not None and placement is not None and holds(placement) == holds(old):
                     # the same GPUs again: still the prediction they were (the set they were picked among)

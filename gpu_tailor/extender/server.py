@@ -182,7 +182,7 @@ async def _filter(request: web.Request, body: Any) -> Any:
     args = request.app[LAST_ARGS].read(body)
     key, uid = pod_key(args.pod), pod_uid(args.pod)
     cache.unscore(key, uid)  # asked again: where it was ranked first last time did not take it
-    member = cache.group_answer(args.pod, args.demand)
+    member = cache.group_answer(args.pod, args.demand, args.names)
     if cache.groups.unwritten:
         await _write_plans(request.app, cache)
     out = verbs.filter_nodes(cache.snapshot(), args, member)
@@ -290,7 +290,7 @@ async def _bind(request: web.Request, body: Any) -> Any:
             return {"Error": "" if node == args.node else f"{failed}: the pod is bound to {node}"}
         cache.forget(rec.key, rec.uid)  # it did not go through: the old assumption must not count in the plan
         rec = cache.pending(args.key, args.uid) or rec
-    plan = verbs.plan_bind(cache.snapshot(), rec, args.node, cache.groups.held_for(rec.uid, args.node))
+    plan = verbs.plan_bind(cache.snapshot(), rec, args.node)
     if plan.error:
         return {"Error": plan.error}
     return await _bind_planned(cache, binder, args, rec, plan, failed)

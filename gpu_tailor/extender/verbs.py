@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from gpu_tailor.extender.gangbook import Answer
+from gpu_tailor.extender.gangbook import Answer, as_the_plugin_sees
 from gpu_tailor.extender.records import PodRecord
 from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, node_order, tie_order
 from gpu_tailor.extender.snapshot import NodeInfo, Snapshot
@@ -348,20 +348,14 @@ class BindPlan:
         return format_gpu_annotation(p.maybe) if p is not None and p.maybe and self.gpus is not None else None
 
 
-def plan_bind(snap: Snapshot, rec: PodRecord, node: str, held: str = "") -> BindPlan:
-    """The GPUs the pod gets on ``node``: what the device plugin would hand it, on the node as it is now. ``held``:
-    the reservation its group's plan holds for it there (``GroupBook.held_for``), whose GPUs are its own."""
+def plan_bind(snap: Snapshot, rec: PodRecord, node: str) -> BindPlan:
+    """The GPUs the pod gets on ``node``: what the device plugin would hand it, on the node as it is now. The plugin
+    does not see the GPUs a group's plan holds for its members still to come: none counts here, the one held for the
+    pod itself neither (``gangbook.as_the_plugin_sees``)."""
     info = snap.nodes.get(node)
     if not rec.demand.gpu or info is None or node in dra_served(snap, rec.demand):
         return BindPlan()  # no GPU of ours, or a claim's allocation is the record
-    state = info.state
-    mine = info.pods.get(held) if held else None
-    if mine is not None:
-        state = state.copy()
-        if state.gpus.release(held) is not None:
-            state.units_used[mine.demand.resource] = state.units_used.get(mine.demand.resource, 0) - mine.demand.units
-        state.cpu_used -= mine.demand.cpu_milli
-        state.mem_used_mib -= mine.demand.memory_mib
+    state = as_the_plugin_sees(info.state, info.pods.items())
     f = fit(state, rec.demand)
     if not f.ok:
         return BindPlan(error=f"pod {rec.key} no longer fits {node}: {f.reason}")

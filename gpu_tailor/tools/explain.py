@@ -255,7 +255,8 @@ def schedule(stored: Obj, cluster: Cluster, group_notes: list[str] | None = None
         if not why:
             passing.append(name)
     demand = demand_of(stored)
-    member = cache.group_answer(stored, demand)  # a group's pod: its node in the group's plan (planned now if none)
+    # a group's pod: its node in the group's plan (planned now, on the nodes kube-scheduler passes, if none is held)
+    member = cache.group_answer(stored, demand, passing)
     group_notes.extend(groups_said(cache, stored, demand, member))
     if not passing:
         return list(verdicts.values()), demand
@@ -278,7 +279,7 @@ def schedule(stored: Obj, cluster: Cluster, group_notes: list[str] | None = None
             v.score = int(entry["Score"])
             if name in snap.degraded or snap.nodes[name].state.gpus.unhealthy:
                 v.detail = _unsold(snap.nodes[name].state.gpus, name in snap.degraded)
-            plan = verbs.plan_bind(snap, rec, name, cache.groups.held_for(rec.uid, name))
+            plan = verbs.plan_bind(snap, rec, name)
             if plan.error:
                 v.fits, v.by, v.reasons = False, "gpu-tailor extender", [plan.error]
                 continue

@@ -232,3 +232,30 @@ async def test_a_released_plan_is_told_as_an_event_on_the_groups_first_pod() -> 
     assert (ns, name, uid, reason) == (meta["namespace"], meta["name"], meta["uid"], "GroupPlanReleased")
     assert "2 of 2 pods not bound within 300s" in message
     assert not cache.groups.released and not cache.groups.plans
+
+
+def test_a_members_gpus_are_predicted_as_the_device_plugin_sees_the_node_not_the_gpus_held_for_the_others() -> None:
+    """The device plugin does not see the GPUs a plan holds for the members still to come: the first member on a node
+    where the plan holds another member's GPUs may be handed those, and the prediction says so, both where
+    kube-scheduler binds (the member seen bound) and where the extender binds (``plan_bind``). On real kubelets with
+    NVIDIA's device plugin (tests/e2e/test_real_node_groups.py), the first of two members on a GB200 node was handed
+    the GPUs held for the second, which the extender had predicted as sure to be the others (2 contradictions). The
+    filter still keeps other pods off the GPUs held."""
+    cache = synced([])
+    members = [member("pair", i, 2, gpus=2) for i in range(2)]
+    for m in members:
+        cache.apply_pod("ADDED", m)
+    node = filtered(cache, members[0])[0][0]
+    assert filtered(cache, members[1])[0] == [node]  # both on one tray: 2 GPUs each
+    plan = next(iter(cache.groups.plans.values()))
+    other = plan.slots[1].gpus
+    meta = members[0]["metadata"]
+    rec = cache.pending(f"{meta['namespace']}/{meta['name']}", meta["uid"])
+    assert rec is not None
+    bind_plan = verbs.plan_bind(cache.snapshot(), rec, node)
+    assert bind_plan.placement is not None and set(other) <= set(bind_plan.placement.maybe), bind_plan.placement
+    cache.apply_pod("MODIFIED", bound(members[0], node))  # kube-scheduler bound it: the extender predicts its GPUs
+    seen = cache.pods[f"{meta['namespace']}/{meta['name']}"].placement
+    assert seen is not None and set(other) <= set(seen.maybe), seen
+    # a single 2-GPU pod still finds no room on the tray: the second member's GPUs are held
+    assert node not in filtered(cache, gpu_pod("single", 2))[0]
