@@ -109,6 +109,39 @@ class Plan:
         return f"{ns}/{RESERVED}{self.ref.key.split('/', 1)[1].replace('/', '-')}#{i}"
 
 
+@dataclass
+class Placements:
+    """What kube-scheduler's topology-aware workload scheduling (1.36) showed of a group it places one NVLink domain
+    at a time (``GroupRef.by_domain``): each cycle it tries every domain as a "placement", asking about each member
+    with that domain's nodes only (those its own filters pass), and keeps a placement where every member passed.
+    Planned on the first domain asked about, the group would go wherever kube-scheduler happens to look first; it is
+    planned on every domain instead, each with the nodes last passed there, and a domain that is not the plan's
+    passes no member. Until kube-scheduler has gone through its domains once, the ones it has not asked about yet
+    count with all their nodes; after that, only those it asked about (it asks about none where its filters pass no
+    node)."""
+
+    passed: dict[int, np.ndarray] = field(default_factory=dict)  # domain id -> the rows kube-scheduler passed there
+    asked: set[tuple[str, int]] = field(default_factory=set)  # (member uid, domain) asked about this cycle
+    went_round: bool = False
+
+    def seen(self, uid: str, domain: int, rows: np.ndarray) -> None:
+        if (uid, domain) in self.asked:  # the same member asked about the same domain again: a new cycle
+            self.went_round = True
+            self.asked.clear()
+        self.asked.add((uid, domain))
+        self.passed[domain] = rows
+
+    def rows(self, fleet: Fleet) -> np.ndarray:
+        parts = list(self.passed.values())
+        if not self.went_round:  # kube-scheduler makes placements of the nodes with the label only
+            alive = fleet.rows()
+            domains = fleet.domain[alive]
+            parts.append(alive[np.asarray(fleet.labelled, bool)[domains] & ~np.isin(domains, list(self.passed))])
+        rows = np.concatenate(parts)
+        live: np.ndarray = rows[fleet.alive[rows]]
+        return live
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """The filter's answer for a member: only ``node`` passes, or none does (``reason``)."""
@@ -129,6 +162,8 @@ class GroupBook:
     # group is planned beside them; a member deleted or finished leaves it
     settled: OrderedDict[str, dict[str, str]] = field(default_factory=OrderedDict)
     settled_in: dict[str, str] = field(default_factory=dict)  # member uid -> its group key in ``settled``
+    # groups kube-scheduler places one domain at a time, not planned yet (``Placements``), least recently asked first
+    placements: OrderedDict[str, Placements] = field(default_factory=OrderedDict)
 
     # ----- the filter -----
     def answer(self, books: Books, pod: dict[str, Any], demand: Demand, ref: GroupRef,
@@ -166,6 +201,9 @@ class GroupBook:
         # resource sold as whole GPUs and not as MIG slices or replicas): the fleet's rows say GPUs, not how they
         # are sold, and a member's filter passes its planned node without fitting it again.
         rows = fleet.rows() if candidates is None else fleet.rows(candidates)
+        here = self._placement(fleet, ref, pod, rows) if ref.by_domain and candidates is not None else None
+        if here is not None:
+            rows = self.placements[ref.key].rows(fleet)
         offers = [(r, v) for r in rows if (ns := books.nodes.get(fleet.names[r])) is not None
                   and not isinstance(v := inventory_verdict(ns.inventory, demand), Fit)]
         if not offers:
@@ -187,6 +225,10 @@ class GroupBook:
         if chosen is None:
             return self._why_not(fleet, gang, ref, demand, rows)
         domain = fleet.domain_names[chosen.domain] if chosen.domain >= 0 else ""
+        if here is not None:
+            if chosen.domain != here:
+                return f"{ref.name} goes whole into NVLink domain {domain}, not into this one"
+            self.placements.pop(ref.key, None)
         plan = Plan(ref, demand, domain if chosen.domain >= 0 and fleet.labelled[chosen.domain] else "",
                     [Slot(fleet.names[m.node], m.gpus) for m in chosen.members], self.wall() + self.timeout,
                     f"{(pod.get('metadata') or {}).get('namespace', '')}/{(pod.get('metadata') or {}).get('name', '')}",
@@ -197,6 +239,20 @@ class GroupBook:
             if chosen.domain < 0 else f"on node {plan.slots[0].node}"
         log.info("%s: %d pods planned %s", ref.name, ref.size, where)
         return plan
+
+    def _placement(self, fleet: Fleet, ref: GroupRef, pod: dict[str, Any], rows: np.ndarray) -> int | None:
+        """The domain kube-scheduler asks about (``Placements``), noted with the nodes it passed there; None where
+        ``rows`` are not the nodes of one labelled domain (kube-scheduler is not placing the group domain by domain)."""
+        domains = np.unique(fleet.domain[rows])
+        if len(domains) != 1 or not fleet.labelled[int(domains[0])]:
+            return None
+        domain = int(domains[0])
+        seen = self.placements.pop(ref.key, None) or Placements()
+        self.placements[ref.key] = seen
+        if len(self.placements) > KEPT_GROUPS:
+            self.placements.popitem(last=False)
+        seen.seen(pod_uid(pod), domain, rows)
+        return domain
 
     @staticmethod
     def _why_not(fleet: Fleet, gang: gangs.Gang, ref: GroupRef, demand: Demand, rows: np.ndarray) -> str:

@@ -37,12 +37,16 @@ class GroupError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GroupRef:
-    """The group a pod belongs to: ``key`` unique in the cluster, ``name`` for people, ``size`` 0 where unknown."""
+    """The group a pod belongs to: ``key`` unique in the cluster, ``name`` for people, ``size`` 0 where unknown.
+    ``by_domain``: kube-scheduler places it one NVLink domain at a time (a PodGroup whose topology constraint names
+    the domain label: 1.36's topology-aware workload scheduling asks about each member once per domain, with that
+    domain's nodes only)."""
 
     key: str
     name: str
     size: int
     domain: str = PREFERRED
+    by_domain: bool = False
 
 
 def _size(raw: Any, where: str) -> int:
@@ -152,8 +156,8 @@ def resolved(ref: GroupRef, objects: dict[str, GroupObject], domain_keys: tuple[
     obj = objects.get(ref.key)
     if obj is None:
         return ref
-    domain = REQUIRED if set(obj.topology) & set(domain_keys) else ref.domain
-    return GroupRef(ref.key, ref.name, ref.size or obj.size, domain)
+    by_domain = bool(set(obj.topology) & set(domain_keys))
+    return GroupRef(ref.key, ref.name, ref.size or obj.size, REQUIRED if by_domain else ref.domain, by_domain)
 
 
 Reader = Callable[[dict[str, Any]], GroupObject | None]

@@ -188,6 +188,65 @@ def test_pods_of_a_kube_scheduler_podgroup_are_planned_whole_in_its_clique() -> 
     assert plan.ref.domain == "required" and plan.domain == f"{labels.GPU_CLIQUE}=uuid-2.2"
 
 
+def in_domain(cache: Cache, pod: dict[str, Any], clique_id: int) -> tuple[list[str], dict[str, str]]:
+    """The filter as kube-scheduler's topology-aware scheduling (1.36) calls it: with one clique's nodes only."""
+    names = [n for n in NAMES if clique(n) == str(clique_id)]
+    body = args("filter-nodecache-true-pod-gpu4", names)
+    body["Pod"] = pod
+    answer = cache.group_answer(pod, wire.extender_args(body).demand, names)
+    out = verbs.filter_nodes(cache.snapshot(), body, answer)
+    return out["NodeNames"], {**out["FailedNodes"], **out["FailedAndUnresolvableNodes"]}
+
+
+def clique_podgroup(cache: Cache, size: int) -> list[dict[str, Any]]:
+    """A kube-scheduler PodGroup of ``size`` whose topology constraint names the clique label, and its pods."""
+    cache.group_objects.reset("podgroup", podgroup_object, [{
+        "metadata": {"name": "pg", "namespace": "default"},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": size}},
+                 "schedulingConstraints": {"topology": [{"key": labels.GPU_CLIQUE}]}}}])
+    pods = []
+    for i in range(size):
+        pod = gpu_pod(f"pg-{i}", 4)
+        pod["metadata"]["namespace"] = "default"
+        pod["spec"]["schedulingGroup"] = {"podGroupName": "pg"}
+        pods.append(pod)
+    return pods
+
+
+@pytest.mark.parametrize("order", [(0, 2, 1), (1, 0, 2), (2, 1, 0)], ids=lambda o: "-".join(map(str, o)))
+def test_a_podgroup_kube_scheduler_places_clique_by_clique_goes_to_the_clique_gpu_tailor_chooses(
+        order: tuple[int, int, int]) -> None:
+    """kube-scheduler tries each clique in turn (in no fixed order) and asks about every member with that clique's
+    nodes: the group lands in the clique in use that holds it whichever clique is tried first; seen on 1.36.3 by
+    tests/e2e/test_podgroups.py, where each group was planned in the first clique kube-scheduler tried."""
+    cache = synced([gpu_pod("busy", 2, node="gb-2-1")])
+    pods = clique_podgroup(cache, 3)
+    passed: dict[int, list[str]] = {}
+    for c in order:
+        got = [in_domain(cache, pod, c) for pod in pods]
+        passed[c] = [n for nodes, _ in got for n in nodes]
+        if c != 2:  # before clique 2 is tried, the reason names it; after, each member's planned node there
+            assert not passed[c]
+            why = "goes whole into NVLink domain" if 2 not in passed else "its group's plan puts it on gb-2-"
+            assert all(why in reason and (2 in passed or "uuid-2.2" in reason)
+                       for _, failed in got for reason in failed.values()), got
+    assert len(set(passed[2])) == 3 and "gb-2-1" not in passed[2]
+    plan = next(iter(cache.groups.plans.values()))
+    assert plan.domain == f"{labels.GPU_CLIQUE}=uuid-2.2" and not cache.groups.placements
+
+
+def test_a_clique_kube_scheduler_never_asks_about_counts_no_more_once_it_has_tried_every_clique() -> None:
+    """kube-scheduler's own filters pass no node of clique 2 (the pods' affinity, say), so the extender is never asked
+    about it: the group waits for it one cycle, then goes to a clique kube-scheduler does ask about."""
+    cache = synced([gpu_pod("busy", 2, node="gb-2-1")])
+    pods = clique_podgroup(cache, 3)
+    for c in (0, 1):  # the first cycle: clique 2, the best, may still be asked about
+        assert not [n for pod in pods for n in in_domain(cache, pod, c)[0]]
+    placed = {c: [n for pod in pods for n in in_domain(cache, pod, c)[0]] for c in (1, 0)}  # the next cycle
+    assert sorted(len(nodes) for nodes in placed.values()) == [0, 3]
+    assert not cache.groups.placements
+
+
 def test_a_group_run_again_under_its_name_is_planned_again_once_the_last_run_is_gone() -> None:
     cache = synced([])
     first = [member("train", i, 2) for i in range(2)]

@@ -103,7 +103,7 @@ def test_a_group_object_sizes_the_pods_that_name_it_and_its_clique_constraint_re
     store.reset("podgroup", podgroup_object, [podgroup("pg", 8, (labels.GPU_CLIQUE,)), podgroup("other", 2)])
     ref = group_of(pod(spec={"schedulingGroup": {"podGroupName": "pg"}}))
     assert ref is not None and ref.size == 0
-    assert resolved(ref, store.objects, (labels.GPU_CLIQUE,)) == GroupRef(ref.key, ref.name, 8, REQUIRED)
+    assert resolved(ref, store.objects, (labels.GPU_CLIQUE,)) == GroupRef(ref.key, ref.name, 8, REQUIRED, True)
     assert resolved(ref, store.objects, ("rack",)).domain == PREFERRED  # another key: kube-scheduler's own
     other = group_of(pod(spec={"schedulingGroup": {"podGroupName": "other"}}))
     assert other is not None and resolved(other, store.objects, (labels.GPU_CLIQUE,)).size == 2
