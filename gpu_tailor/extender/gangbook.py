@@ -164,6 +164,7 @@ class GroupBook:
     settled_in: dict[str, str] = field(default_factory=dict)  # member uid -> its group key in ``settled``
     # groups kube-scheduler places one domain at a time, not planned yet (``Placements``), least recently asked first
     placements: OrderedDict[str, Placements] = field(default_factory=OrderedDict)
+    mix: gangs.GangMix = field(default_factory=gangs.GangMix)  # the groups planned so far, by size and ask
 
     # ----- the filter -----
     def answer(self, books: Books, pod: dict[str, Any], demand: Demand, ref: GroupRef,
@@ -219,9 +220,10 @@ class GroupBook:
         # degraded nodes last, as for single pods: the group goes there only where nothing else holds it
         healthy = np.array([books.nodes[fleet.names[r]].inventory.health.state is not HealthState.DEGRADED
                             for r in rows], bool)
-        chosen = gangs.plan(policy, gang, None, rows[healthy]) if healthy.any() else None
+        self.mix.observe(gang)  # the gang sizes seen: a domain is chosen to keep room for them
+        chosen = gangs.plan(policy, gang, self.mix, rows[healthy]) if healthy.any() else None
         if chosen is None and not healthy.all():
-            chosen = gangs.plan(policy, gang, None, rows)
+            chosen = gangs.plan(policy, gang, self.mix, rows)
         if chosen is None:
             return self._why_not(fleet, gang, ref, demand, rows)
         domain = fleet.domain_names[chosen.domain] if chosen.domain >= 0 else ""

@@ -308,7 +308,10 @@ class Fleet:
         ``rows`` as they are: single pods fill the domains in use and leave whole ones to the gangs that need them."""
         if shape.gpus == 0 or not len(rows) or not self.shared_domains:
             return rows
-        whole = self.untouched_domains()[self.domain[rows]]
+        domains = self.domain[rows]
+        if (domains == domains[0]).all():  # one domain (a gang's members placed in it): nothing to spare
+            return rows
+        whole = self.untouched_domains()[domains]
         if not whole.any() or whole.all():
             return rows
         rest = rows[~whole]

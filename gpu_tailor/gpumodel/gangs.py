@@ -192,8 +192,8 @@ def _in_one_domain(policy: Policy, gang: Gang, mix: GangMix | None, rows: Array)
     for d in order:
         if best is not None and untouched[d]:
             break  # a domain in use holds the gang: no untouched one comes before it (the key's first term)
-        if held == TRIED_DOMAINS:
-            break
+        if held == TRIED_DOMAINS or (held and not weights):
+            break  # without a gang mix, domains in the bound's order are already the tightest first
         domain_rows = alive[fleet.domain[alive] == d]
         lone = len(order) == 1  # nothing to compare: the loss is not needed
         before = [] if lone else [int(slots(fleet, shape, domain_rows).sum()) // size for size, shape, _ in weights]
