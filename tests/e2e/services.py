@@ -16,7 +16,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,10 +299,12 @@ Installer = Callable[[ControlPlane, Kube, Path, int], Rendered]
 
 
 def start_stack(cp: ControlPlane, kube: Kube, workdir: Path, installer: Installer | None = None,
-                admission_probe: bool = True) -> Stack:
+                admission_probe: bool = True, scheduler_flags: Sequence[str] = ()) -> Stack:
     """gpu-tailor on ``cp``: installed by ``installer`` (default ``install``, kustomize; ``tests/e2e/test_helm.py``
     installs the chart), its three processes started from what it rendered, admission working (``admission_probe``:
-    checked with a dry-run create of a portable ask, which needs a node that sells GPUs)."""
+    checked with a dry-run create of a portable ask, which needs a node that sells GPUs). ``scheduler_flags``: more
+    flags for gpu-tailor-scheduler's kube-scheduler (``--feature-gates=...``, as a cluster with alpha gates on passes
+    them to every kube-scheduler)."""
     webhook_port, extender_port, scheduler_port, probes_port = free_port(), free_port(), free_port(), free_port()
     overlay = workdir / "overlay"
     rendered = (installer or install)(cp, kube, workdir, webhook_port)
@@ -315,7 +317,8 @@ def start_stack(cp: ControlPlane, kube: Kube, workdir: Path, installer: Installe
     sched_argv = rendered.argv("gpu-tailor-scheduler", "kube-scheduler")
     sched_argv = [str(cp.bin / "kube-scheduler"), *_replace(sched_argv[1:], "--config", [f"--config={config_path}"]),
                   f"--secure-port={scheduler_port}", "--bind-address=127.0.0.1",
-                  f"--authentication-kubeconfig={scheduler_kc}", f"--authorization-kubeconfig={scheduler_kc}"]
+                  f"--authentication-kubeconfig={scheduler_kc}", f"--authorization-kubeconfig={scheduler_kc}",
+                  *scheduler_flags]
 
     logs = workdir / "logs"
     logs.mkdir(exist_ok=True)
@@ -411,15 +414,18 @@ def failed_scheduling(kube: Kube, pod: Obj) -> list[str]:
 
 @contextmanager
 def control_plane_with_gpu_tailor(release: Release, workdir: Path, installer: Installer | None = None,
-                                  admission_probe: bool = True) -> Iterator[Stack]:
+                                  admission_probe: bool = True, env: dict[str, str] | None = None,
+                                  scheduler_flags: Sequence[str] = ()) -> Iterator[Stack]:
     """A control plane of ``release`` in ``workdir`` with gpu-tailor installed by ``installer`` and running; both
-    stopped on leaving."""
+    stopped on leaving. ``env``: more of control-plane.sh's settings (``K8S_FEATURE_GATES``, ``K8S_RUNTIME_CONFIG``);
+    ``scheduler_flags``: see ``start_stack``."""
     cp = ControlPlane(release, workdir / "k8s")
+    cp.env.update(env or {})
     try:
         cp.up()
         kube = Kube(load_kubeconfig(cp.kubeconfig), workdir / "admin")
         try:
-            stack = start_stack(cp, kube, workdir, installer, admission_probe)
+            stack = start_stack(cp, kube, workdir, installer, admission_probe, scheduler_flags)
         except Exception as exc:
             exc.add_note(f"logs: control plane {cp.logs}, gpu-tailor {workdir / 'logs'}")
             raise
