@@ -357,7 +357,7 @@ class Cache(Ledger):
             ref = group_of(pod)
         except GroupError as exc:
             return Answer(None, str(exc))
-        if ref is not None and not ref.size:
+        if ref is not None:  # a PodGroup's size where the pod states none, and its topology constraint
             ref = resolved(ref, self.group_objects.objects, self.domain_keys)
         if ref is None or ref.size < 2:
             return None
@@ -369,7 +369,7 @@ class Cache(Ledger):
             ref = group_of(obj)
         except GroupError:
             return
-        if ref is not None and not ref.size:
+        if ref is not None:
             ref = resolved(ref, self.group_objects.objects, self.domain_keys)
         if ref is not None and ref.size > 1:
             self.groups.restore(self, obj, ref, rec.demand)

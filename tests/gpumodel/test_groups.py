@@ -111,3 +111,12 @@ def test_a_group_object_sizes_the_pods_that_name_it_and_its_clique_constraint_re
     assert resolved(ref, store.objects, (labels.GPU_CLIQUE,)).size == 0
     store.reset("podgroup", podgroup_object, [])  # a relist without it drops what the last one had
     assert not store.objects
+
+
+def test_a_pod_that_states_its_size_still_takes_its_podgroups_topology_constraint() -> None:
+    store = GroupObjects()
+    store.reset("podgroup", podgroup_object, [podgroup("pg", 8, (labels.GPU_CLIQUE,))])
+    ref = group_of(pod(spec={"schedulingGroup": {"podGroupName": "pg"}}, annotations={labels.ANN_GROUP_SIZE: "4"}))
+    assert ref is not None
+    got = resolved(ref, store.objects, (labels.GPU_CLIQUE,))
+    assert (got.size, got.domain, got.by_domain) == (4, REQUIRED, True)
