@@ -18,11 +18,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from gpu_tailor.gpumodel import labels
-from tests.e2e.cluster import install_node
-from tests.e2e.kube import Obj, api_path, wait_for
+from tests.e2e.kube import Obj, api_path
 from tests.e2e.pods import Pods, gpu_pod, unique
 from tests.e2e.services import Stack
-from tests.e2e.test_gangs import TRAY_GPUS, Trays, assert_sound, assert_whole, bound_all, member, tray
+from tests.e2e.test_gangs import TRAY_GPUS, Trays, assert_sound, assert_whole, bound_all, installed, member, tray
 
 pytestmark = pytest.mark.e2e
 
@@ -54,21 +53,12 @@ def rack_tray(clique: str, i: int) -> Obj:
 
 @pytest.fixture(scope="module")
 def racks(stack: Stack) -> Iterator[Trays]:
-    made = Trays({c: [f"gb200-{c}-{i:02d}" for i in range(n)] for c, n in CLIQUES.items()})
-    try:
-        for clique, names in made.by_clique.items():
-            for i in range(len(names)):
-                install_node(stack.kube, rack_tray(clique, i))
+    with installed(stack, CLIQUES, rack_tray) as made:
         others = [n["metadata"]["name"] for n in stack.kube.list(api_path("nodes"))
                   if (n["metadata"].get("labels") or {}).get(labels.GPU_PRODUCT) == GB200
                   and n["metadata"]["name"] not in made.all]
         assert not others, f"other GB200 nodes beside this module's racks: {others}"
         yield made
-    finally:
-        for name in made.all:
-            stack.kube.delete(api_path("nodes", name=name))
-        wait_for(lambda: not [n for n in made.all if stack.kube.exists(api_path("nodes", name=n))], 60,
-                 "the module's trays deleted")
 
 
 def single(gpus: int) -> Obj:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -64,19 +65,26 @@ class Trays:
         return [n for names in self.by_clique.values() for n in names]
 
 
-@pytest.fixture(scope="module")
-def trays(stack: Stack) -> Iterator[Trays]:
-    made = Trays({c: [f"gb200-{c}-{i:02d}" for i in range(n)] for c, n in CLIQUES.items()})
+@contextmanager
+def installed(stack: Stack, cliques: dict[str, int], make: Callable[[str, int], Obj]) -> Iterator[Trays]:
+    """The trays of ``cliques`` (``make(clique, i)`` each) on the control plane, deleted after."""
+    made = Trays({c: [f"gb200-{c}-{i:02d}" for i in range(n)] for c, n in cliques.items()})
     try:
         for clique, names in made.by_clique.items():
             for i in range(len(names)):
-                install_node(stack.kube, tray(clique, i))
+                install_node(stack.kube, make(clique, i))
         yield made
     finally:
         for name in made.all:
             stack.kube.delete(api_path("nodes", name=name))
         wait_for(lambda: not [n for n in made.all if stack.kube.exists(api_path("nodes", name=n))], 60,
                  "the module's trays deleted")
+
+
+@pytest.fixture(scope="module")
+def trays(stack: Stack) -> Iterator[Trays]:
+    with installed(stack, CLIQUES, tray) as made:
+        yield made
 
 
 def only_on(pod: Obj, nodes: Iterable[str]) -> Obj:
