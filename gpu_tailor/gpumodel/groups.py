@@ -11,8 +11,9 @@ reads each from that project's own names (``labels``):
 - LeaderWorkerSet: one group per replica, the labels ``leaderworkerset.sigs.k8s.io/name`` and ``.../group-index``, its
   size in the annotation ``leaderworkerset.sigs.k8s.io/size``;
 - kube-scheduler's own PodGroup (1.36, ``spec.schedulingGroup.podGroupName``), the scheduler-plugins coscheduling
-  PodGroup (label ``scheduling.x-k8s.io/pod-group``), a JobSet's child Job and an Indexed Job: their size lives in
-  another object; the group is read here with the size ``gpu-tailor.io/group-size`` gives, where someone set it.
+  PodGroup (label ``scheduling.x-k8s.io/pod-group``), an Indexed Job and a JobSet's child Job: their size lives in
+  another object (``GroupObject``: the PodGroups and the Indexed Job are read from the API); the group is read here
+  with the size ``gpu-tailor.io/group-size`` gives, where someone set it.
 
 The NVLink-domain ask defaults to ``preferred``: one domain where one holds the group, else anywhere (on HGX pools a
 domain is one node, and most multi-node jobs there span nodes). ``gpu-tailor.io/nvlink-domain`` on the pod says
@@ -106,6 +107,8 @@ def group_of(pod: dict[str, Any]) -> GroupRef | None:
         return ref("leaderworkerset", name, _size(annotations[labels.LWS_SIZE], labels.LWS_SIZE))
     if labels.COSCHEDULING_GROUP in pod_labels:
         return ref("coscheduling", str(pod_labels[labels.COSCHEDULING_GROUP]), stated_size())
+    if labels.JOBSET_NAME in pod_labels and labels.JOB_NAME in pod_labels:  # its child Job, an Indexed one
+        return ref("job", str(pod_labels[labels.JOB_NAME]), stated_size())
     if labels.JOBSET_NAME in pod_labels:
         name = "-".join(str(pod_labels.get(k, "")) for k in (labels.JOBSET_NAME, labels.JOBSET_REPLICATED_JOB,
                                                                 labels.JOBSET_JOB_INDEX))
@@ -148,6 +151,17 @@ def coscheduling_object(obj: dict[str, Any]) -> GroupObject | None:
     count = spec.get("minMember")
     size = count if isinstance(count, int) and 1 <= count <= MAX_GROUP else 0
     return GroupObject(f"{meta.get('namespace', '')}/coscheduling/{meta['name']}", size)
+
+
+def job_object(obj: dict[str, Any]) -> GroupObject | None:
+    """An Indexed Job (``batch/v1``): its pods run at once up to ``parallelism`` (else ``completions``), one group;
+    None for a Job of another completion mode, or one that cannot be read."""
+    meta, spec = _dict(obj.get("metadata")), _dict(obj.get("spec"))
+    if not meta.get("name") or spec.get("completionMode") != "Indexed":
+        return None
+    count = spec.get("parallelism", spec.get("completions"))
+    size = count if isinstance(count, int) and 1 <= count <= MAX_GROUP else 0
+    return GroupObject(f"{meta.get('namespace', '')}/job/{meta['name']}", size)
 
 
 def resolved(ref: GroupRef, objects: dict[str, GroupObject], domain_keys: tuple[str, ...]) -> GroupRef:

@@ -1,8 +1,9 @@
 """The API objects that say how large a group of pods is, listed and watched where the API server serves them:
 kube-scheduler's PodGroup (``scheduling.k8s.io/v1alpha2``, Kubernetes 1.36 with the ``GenericWorkload`` gate and
-that version served) and scheduler-plugins' coscheduling PodGroup (``scheduling.x-k8s.io/v1alpha1``, a CRD).
+that version served), scheduler-plugins' coscheduling PodGroup (``scheduling.x-k8s.io/v1alpha1``, a CRD) and Jobs
+(an Indexed Job's ``parallelism``).
 
-Neither is needed: where one is not served, discovery is asked again every ``RECHECK`` seconds, and its groups are
+None is needed: where one is not served, discovery is asked again every ``RECHECK`` seconds, and its groups are
 read from the pods alone meanwhile (``gpumodel.groups``). Their watches do not hold up readiness.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from gpu_tailor.gpumodel.groups import GroupObject, GroupObjects, coscheduling_object, podgroup_object
+from gpu_tailor.gpumodel.groups import GroupObject, GroupObjects, coscheduling_object, job_object, podgroup_object
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,7 @@ RECHECK = 60.0  # seconds between discoveries of a group API not served yet
 SOURCES: tuple[tuple[str, str, str, str, Callable[[dict[str, Any]], GroupObject | None]], ...] = (
     ("podgroup", "scheduling.k8s.io", "v1alpha2", "podgroups", podgroup_object),
     ("coscheduling", "scheduling.x-k8s.io", "v1alpha1", "podgroups", coscheduling_object),
+    ("job", "batch", "v1", "jobs", job_object),  # an Indexed Job's parallelism
 )
 
 

@@ -286,3 +286,34 @@ def test_a_group_deleted_and_created_again_under_its_name_is_placed_again(cluste
         placed = bound_all(cluster, pods, create_members(pods, ns, group, size, range(size)))
         assert_whole(trays, placed)
         pods.cleanup()
+
+
+def test_an_indexed_jobs_pods_are_one_group_sized_by_its_parallelism(cluster: Stack, pods: Pods, trays: Trays) -> None:
+    """No group annotation but the domain ask: the extender sizes the group from the Job (its watch of Jobs)."""
+    ns, kube = cluster.opted_in, cluster.kube
+    holders(pods, ns, {trays.by_clique["b"][0]: "2"})  # clique b is in use, and holds the group
+    name = unique("indexed")
+    template = gpu_pod("x", FOUR, annotations={labels.ANN_GROUP_DOMAIN: "required"})
+    template["metadata"].pop("name")
+    template["spec"]["restartPolicy"] = "Never"
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+           "spec": {"completionMode": "Indexed", "completions": 3, "parallelism": 3, "backoffLimit": 0,
+                    "template": template}}
+    kube.create(api_path("jobs", ns, group="batch/v1"), job)
+
+    def made() -> list[Obj]:
+        found = kube.list(api_path("pods", ns), label_selector=f"{labels.JOB_NAME}={name}")
+        return found if len(found) == 3 and all(p["spec"].get("nodeName") for p in found) else []
+
+    try:
+        placed = bound_all(cluster, pods, wait_for(made, 60, f"the 3 pods of Job {name} bound",
+                                                   context=cluster.context))
+        assert assert_whole(trays, placed) == "b"
+        plan = wait_plan(cluster, pods, placed)
+        assert plan.group == f"{ns}/job/{name}" and sorted(plan.nodes) == sorted(nodes_of(placed))
+    finally:
+        kube.delete(api_path("jobs", ns, name, group="batch/v1"), propagation="Orphan")
+        for pod in kube.list(api_path("pods", ns), label_selector=f"{labels.JOB_NAME}={name}"):
+            if pod["metadata"].get("finalizers"):  # the Job controller's tracking finalizer, as it would take it off
+                kube.patch(api_path("pods", ns, pod["metadata"]["name"]), {"metadata": {"finalizers": None}})
+            pods.created.append((ns, pod["metadata"]["name"]))

@@ -15,6 +15,7 @@ from gpu_tailor.gpumodel.groups import (
     GroupRef,
     coscheduling_object,
     group_of,
+    job_object,
     podgroup_object,
     resolved,
 )
@@ -120,3 +121,24 @@ def test_a_pod_that_states_its_size_still_takes_its_podgroups_topology_constrain
     assert ref is not None
     got = resolved(ref, store.objects, (labels.GPU_CLIQUE,))
     assert (got.size, got.domain, got.by_domain) == (4, REQUIRED, True)
+
+
+@pytest.mark.parametrize(("spec", "size"), [
+    pytest.param({"completionMode": "Indexed", "parallelism": 4, "completions": 8}, 4, id="parallelism"),
+    pytest.param({"completionMode": "Indexed", "completions": 3}, 3, id="completions"),
+    pytest.param({"completionMode": "Indexed", "parallelism": 0}, 0, id="suspended-none"),
+])
+def test_an_indexed_job_sizes_its_pods_group(spec: dict[str, Any], size: int) -> None:
+    job = {"metadata": {"name": "train", "namespace": "team-a"}, "spec": spec}
+    assert job_object(job) == GroupObject("team-a/job/train", size)
+    store = GroupObjects()
+    store.reset("job", job_object, [job])
+    member = group_of(pod(pod_labels={labels.JOB_NAME: "train"}, annotations={labels.JOB_COMPLETION_INDEX: "1"}))
+    assert member is not None and resolved(member, store.objects, ()).size == size
+
+
+def test_a_non_indexed_job_is_no_group_and_a_jobset_pod_is_its_child_jobs() -> None:
+    assert job_object({"metadata": {"name": "j"}, "spec": {"parallelism": 4}}) is None
+    child = group_of(pod(pod_labels={labels.JOBSET_NAME: "js", labels.JOBSET_REPLICATED_JOB: "workers",
+                                     labels.JOBSET_JOB_INDEX: "0", labels.JOB_NAME: "js-workers-0"}))
+    assert child == GroupRef("team-a/job/js-workers-0", "job team-a/js-workers-0", 0, PREFERRED)
