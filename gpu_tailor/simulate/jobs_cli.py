@@ -24,7 +24,7 @@ from typing import Any
 
 from gpu_tailor.gpumodel.fleet import MILLI, Fleet, Shape
 from gpu_tailor.gpumodel.policies import BestFitPolicy, FgdPolicy, Policy, TailorPolicy
-from gpu_tailor.simulate import jobs
+from gpu_tailor.simulate import jobfleets, jobs
 from gpu_tailor.simulate.cli import parse_seeds, progress_bar
 from gpu_tailor.simulate.output import aligned
 from gpu_tailor.simulate.trace import TraceError
@@ -59,12 +59,12 @@ def wanted(args: argparse.Namespace) -> bool:
 
 def fleet_size(kind: str, racks: int) -> int:
     """Racks of an NVL72 fleet, or nodes of an HGX one (``HGX_PER_RACK`` a rack: as many GPUs)."""
-    return racks if jobs.FLEETS[kind].rack else HGX_PER_RACK * racks
+    return racks if jobfleets.FLEETS[kind].rack else HGX_PER_RACK * racks
 
 
 def _checked(args: argparse.Namespace) -> tuple[str, list[str], int, list[int]]:
     """The workload, fleets, racks and seeds of a run, or a ``TraceError`` that says what is wrong."""
-    workloads = (*jobs.WORKLOADS, CLIQUES)
+    workloads = (*jobfleets.WORKLOADS, CLIQUES)
     if not args.jobs:
         raise TraceError("--durations, --fleet and --racks go with --jobs " + "|".join(workloads))
     if args.jobs not in workloads:
@@ -74,10 +74,10 @@ def _checked(args: argparse.Namespace) -> tuple[str, list[str], int, list[int]]:
                                        ("--nodes", args.nodes), ("--pods", args.pods), ("--plot", args.plot)) if given]
     if clash:
         raise TraceError(f"--jobs replays its own fleets under every scheduler: no {', '.join(clash)}")
-    fleets = args.fleet or ([] if args.jobs == CLIQUES else list(jobs.FLEETS))
-    unknown = [f for f in fleets if f not in jobs.FLEETS]
+    fleets = args.fleet or ([] if args.jobs == CLIQUES else list(jobfleets.FLEETS))
+    unknown = [f for f in fleets if f not in jobfleets.FLEETS]
     if unknown:
-        raise TraceError(f"unknown fleet {', '.join(unknown)}; choose from {', '.join(jobs.FLEETS)}")
+        raise TraceError(f"unknown fleet {', '.join(unknown)}; choose from {', '.join(jobfleets.FLEETS)}")
     racks = args.racks if args.racks is not None else CLIQUE_RACKS if args.jobs == CLIQUES else DEFAULT_RACKS
     if not 1 <= racks <= 1000:
         raise TraceError("--racks: between 1 and 1000")
@@ -85,7 +85,7 @@ def _checked(args: argparse.Namespace) -> tuple[str, list[str], int, list[int]]:
         raise TraceError("--inflate: expected a factor between 0.1 and 5")
     if args.jobs == CLIQUES:
         fleets = fleets or ["nvl72-gb200"]
-        if any(not jobs.FLEETS[f].rack for f in fleets) or args.durations:
+        if any(not jobfleets.FLEETS[f].rack for f in fleets) or args.durations:
             raise TraceError("--jobs cliques fills NVL72 racks (an HGX node is a domain of its own), without "
                              "--durations")
     if args.jobs == "openb":
@@ -99,14 +99,14 @@ def _checked(args: argparse.Namespace) -> tuple[str, list[str], int, list[int]]:
 
 
 def workload(name: str, kind: str, seed: int, capacity: int, *, durations: bool, inflate: float,
-             trace: str | None, racks: int) -> list[jobs.Job]:
+             trace: str | None, racks: int) -> list[jobfleets.Job]:
     """The jobs of one run: enough to pass ``inflate`` x the GPUs (each job takes one at least), or with durations
     ``QUEUED_PER_RACK`` a rack arriving at the generator's load; openb's as the trace has them."""
     if name == "openb":
-        return jobs.openb_jobs(Path(trace or ".") / OPENB_PODS, kind, seed)
+        return jobfleets.openb_jobs(Path(trace or ".") / OPENB_PODS, kind, seed)
     if durations:
-        return jobs.training_jobs(kind, seed, QUEUED_PER_RACK * racks, capacity_gpus=capacity)
-    return jobs.training_jobs(kind, seed, math.ceil(inflate * capacity) + 1)
+        return jobfleets.training_jobs(kind, seed, QUEUED_PER_RACK * racks, capacity_gpus=capacity)
+    return jobfleets.training_jobs(kind, seed, math.ceil(inflate * capacity) + 1)
 
 
 # workload, fleet, racks, scheduler, durations, inflate, trace folder, seed
@@ -115,7 +115,7 @@ Task = tuple[str, str, int, str, bool, float, str | None, int]
 
 def _replay(task: Task) -> tuple[str, jobs.JobRun]:
     name, kind, racks, scheduler, durations, inflate, trace, seed = task
-    nodes = jobs.fleet_nodes(kind, fleet_size(kind, racks))
+    nodes = jobfleets.fleet_nodes(kind, fleet_size(kind, racks))
     capacity = sum(n.node.gpus for n in nodes)
     load = workload(name, kind, seed, capacity, durations=durations, inflate=inflate, trace=trace, racks=racks)
     return kind, jobs.replay(nodes, load, scheduler, seed, inflate=inflate, durations=durations)
@@ -123,8 +123,8 @@ def _replay(task: Task) -> tuple[str, jobs.JobRun]:
 
 def fill_pods(kind: str, seed: int, count: int) -> list[Shape]:
     """Single pods of 1, 2 or a tray's 4 GPUs, drawn with ``seed``, each with half its GPUs' share of the tray's
-    CPU and memory (as ``jobs.training_jobs`` gives them)."""
-    k = jobs.FLEETS[kind]
+    CPU and memory (as ``jobfleets.training_jobs`` gives them)."""
+    k = jobfleets.FLEETS[kind]
     rng = random.Random(seed)
     cpu, mem = k.cpu // k.gpus // 2, k.mem // k.gpus // 2
     return [Shape(cpu * g, mem * g, g, MILLI) for g in (rng.choice((1, 2, k.gpus)) for _ in range(count))]
@@ -132,7 +132,7 @@ def fill_pods(kind: str, seed: int, count: int) -> list[Shape]:
 
 def _fill(task: tuple[str, int, str, int]) -> tuple[str, dict[float, tuple[int, float]]]:
     kind, racks, who, seed = task
-    nodes = jobs.fleet_nodes(kind, racks)
+    nodes = jobfleets.fleet_nodes(kind, racks)
     pods = fill_pods(kind, seed, sum(n.node.gpus for n in nodes) + 1)
     return kind, jobs.fill(nodes, pods, who, seed, FILL_MARKS, PLAIN.get(who))
 
@@ -198,10 +198,10 @@ def fill_table(results: list[tuple[str, str, dict[float, tuple[int, float]]]]) -
 
 def offered(name: str, kinds: list[str], racks: int, trace: str | None, seed: int) -> str:
     """With durations on openb: how busy the trace's own times keep this fleet (they were not drawn for it)."""
-    load = jobs.openb_jobs(Path(trace or ".") / OPENB_PODS, kinds[0], seed)
+    load = jobfleets.openb_jobs(Path(trace or ".") / OPENB_PODS, kinds[0], seed)
     span = max(j.arrival for j in load) - min(j.arrival for j in load)
     busy = sum(j.gpus * j.duration for j in load) / max(span, 1.0)
-    capacity = sum(n.node.gpus for n in jobs.fleet_nodes(kinds[0], fleet_size(kinds[0], racks)))
+    capacity = sum(n.node.gpus for n in jobfleets.fleet_nodes(kinds[0], fleet_size(kinds[0], racks)))
     return (f"openb's own times: {len(load)} jobs over {span / 86400:.0f} days keep {busy:.0f} GPUs busy on average, "
             f"{100 * busy / capacity:.1f}% of {capacity} GPUs")
 
@@ -220,7 +220,7 @@ def run_jobs(args: argparse.Namespace) -> int:
         print(f"gpu-tailor simulate: {exc}", file=sys.stderr)
         return 2
     runs.sort(key=lambda kr: (kinds.index(kr[0]), jobs.SCHEDULERS.index(kr[1].scheduler), kr[1].seed))
-    gpus = sum(n.node.gpus for n in jobs.fleet_nodes(kinds[0], fleet_size(kinds[0], racks)))
+    gpus = sum(n.node.gpus for n in jobfleets.fleet_nodes(kinds[0], fleet_size(kinds[0], racks)))
     protocol = ("arriving over time, queued first come first served (later jobs start past one that does not fit), "
                 "running and leaving" if args.durations else
                 f"arriving until {args.inflate:g} x the GPUs have, each placed when it arrives or dropped; nothing "

@@ -13,27 +13,27 @@ import pytest
 from gpu_tailor.cli import main
 from gpu_tailor.gpumodel.fleet import MILLI, Shape
 from gpu_tailor.gpumodel.gangs import ANYWHERE, REQUIRED, Gang
-from gpu_tailor.simulate import jobs
+from gpu_tailor.simulate import jobfleets, jobs
 from gpu_tailor.simulate.jobs_cli import PLAIN, fill_pods
 from gpu_tailor.simulate.trace import TraceError, TraceNode
 
 RACKS = 2  # small fleets: 36 trays, or 18 HGX nodes
-GB200 = jobs.FLEETS["nvl72-gb200"]
+GB200 = jobfleets.FLEETS["nvl72-gb200"]
 
 
-def small(kind: str) -> list[jobs.FleetNode]:
-    return jobs.fleet_nodes(kind, RACKS if jobs.FLEETS[kind].rack else 9 * RACKS)
+def small(kind: str) -> list[jobfleets.FleetNode]:
+    return jobfleets.fleet_nodes(kind, RACKS if jobfleets.FLEETS[kind].rack else 9 * RACKS)
 
 
-def gpus(nodes: list[jobs.FleetNode]) -> int:
+def gpus(nodes: list[jobfleets.FleetNode]) -> int:
     return sum(n.node.gpus for n in nodes)
 
 
 @pytest.mark.parametrize("durations", [False, True], ids=["arrivals", "queue"])
-@pytest.mark.parametrize("kind", list(jobs.FLEETS))
+@pytest.mark.parametrize("kind", list(jobfleets.FLEETS))
 def test_gpu_tailor_splits_no_gang_and_holds_no_gpu_for_one_not_whole(kind: str, durations: bool) -> None:
     nodes = small(kind)
-    load = jobs.training_jobs(kind, 42, 120 if durations else 300, capacity_gpus=gpus(nodes) if durations else 0)
+    load = jobfleets.training_jobs(kind, 42, 120 if durations else 300, capacity_gpus=gpus(nodes) if durations else 0)
     run = jobs.replay(nodes, load, "gpu-tailor", 42, inflate=1.3, durations=durations)
     assert run.gangs_whole > 0
     assert run.split == 0
@@ -43,7 +43,7 @@ def test_gpu_tailor_splits_no_gang_and_holds_no_gpu_for_one_not_whole(kind: str,
 
 def test_kube_scheduler_without_gangs_holds_gpus_for_jobs_not_whole() -> None:
     nodes = small("nvl72-gb200")
-    held = [jobs.replay(nodes, jobs.training_jobs("nvl72-gb200", s, 300), "kube-scheduler", s, inflate=1.3).held
+    held = [jobs.replay(nodes, jobfleets.training_jobs("nvl72-gb200", s, 300), "kube-scheduler", s, inflate=1.3).held
             for s in (42, 43, 44)]
     assert max(held) > 0
 
@@ -51,16 +51,16 @@ def test_kube_scheduler_without_gangs_holds_gpus_for_jobs_not_whole() -> None:
 @pytest.mark.parametrize("scheduler", ["kube-gangs", "first-fit-domain"])
 def test_kube_scheduler_with_gangs_holds_nothing_and_splits_no_required_gang(scheduler: str) -> None:
     nodes = small("nvl72-gb200")
-    run = jobs.replay(nodes, jobs.training_jobs("nvl72-gb200", 42, 300), scheduler, 42, inflate=1.3)
+    run = jobs.replay(nodes, jobfleets.training_jobs("nvl72-gb200", 42, 300), scheduler, 42, inflate=1.3)
     assert run.held == 0 and run.split == 0 and run.gangs_whole > 0
 
 
-@pytest.mark.parametrize("kind", list(jobs.FLEETS))
+@pytest.mark.parametrize("kind", list(jobfleets.FLEETS))
 def test_generated_arrivals_keep_the_load_asked_for(kind: str) -> None:
     # the Poisson rate is worked out from the mix's own mean GPUs and duration (one that took three nodes' GPUs a
     # job offered 0.8 of the GPUs on NVL72 and 0.5 on HGX)
     capacity = 576
-    load = jobs.training_jobs(kind, 42, 10_000, load=0.9, capacity_gpus=capacity)
+    load = jobfleets.training_jobs(kind, 42, 10_000, load=0.9, capacity_gpus=capacity)
     offered = sum(j.gpus * j.duration for j in load) / (capacity * load[-1].arrival)
     assert offered == pytest.approx(0.9, abs=0.05)
 
@@ -68,9 +68,10 @@ def test_generated_arrivals_keep_the_load_asked_for(kind: str) -> None:
 def test_a_job_waiting_when_the_last_one_leaves_starts_then() -> None:
     # one rack of two trays: the second job of two whole trays arrives while the first runs, and starts once it
     # has left, after the last arrival
-    nodes = [jobs.FleetNode(TraceNode(f"tray{i}", GB200.cpu, GB200.mem, 4, GB200.model), "rack-a") for i in range(2)]
+    nodes = [jobfleets.FleetNode(TraceNode(f"tray{i}", GB200.cpu, GB200.mem, 4, GB200.model), "rack-a")
+             for i in range(2)]
     tray = Shape(GB200.cpu // 2, GB200.mem // 2, 4, MILLI)
-    load = [jobs.Job("first", Gang(2, tray), 0.0, 100.0), jobs.Job("second", Gang(2, tray), 10.0, 50.0)]
+    load = [jobfleets.Job("first", Gang(2, tray), 0.0, 100.0), jobfleets.Job("second", Gang(2, tray), 10.0, 50.0)]
     for scheduler in jobs.SCHEDULERS:
         run = jobs.replay(nodes, load, scheduler, 42, durations=True)
         assert run.never == 0, scheduler
@@ -79,7 +80,7 @@ def test_a_job_waiting_when_the_last_one_leaves_starts_then() -> None:
 
 @pytest.mark.parametrize("seed", [42, 43, 44])
 def test_single_pods_leave_a_clique_whole_under_gpu_tailor(seed: int) -> None:
-    nodes = jobs.fleet_nodes("nvl72-gb200", 3)
+    nodes = jobfleets.fleet_nodes("nvl72-gb200", 3)
     pods = fill_pods("nvl72-gb200", seed, gpus(nodes))
     marks = jobs.fill(nodes, pods, "gpu-tailor", seed)
     for mark in (0.5, 0.6):
@@ -121,7 +122,7 @@ def openb_csv(folder: Path) -> Path:
     pytest.param("hgx-h100", (2, 8, ANYWHERE), id="hgx-two-nodes-anywhere"),
 ])
 def test_openb_pods_grouped_into_jobs(tmp_path: Path, kind: str, big: tuple[int, int, str]) -> None:
-    load = jobs.openb_jobs(openb_csv(tmp_path), kind, 42)
+    load = jobfleets.openb_jobs(openb_csv(tmp_path), kind, 42)
     got = sorted((j.gang.size, j.gang.member.gpus, j.gang.member.milli, j.gang.domain, j.duration) for j in load)
     size, per, ask = big
     # a job runs as long as its longest pod
@@ -139,11 +140,11 @@ def test_openb_needs_its_columns(tmp_path: Path) -> None:
     path = tmp_path / "openb_pod_list_default.csv"
     path.write_text("name,num_gpu\np,1\n")
     with pytest.raises(TraceError, match="expected openb's columns"):
-        jobs.openb_jobs(path, "nvl72-gb200", 42)
+        jobfleets.openb_jobs(path, "nvl72-gb200", 42)
 
 
 @pytest.mark.parametrize(("extra", "fleets"), [
-    pytest.param([], list(jobs.FLEETS), id="arrivals-every-fleet"),
+    pytest.param([], list(jobfleets.FLEETS), id="arrivals-every-fleet"),
     pytest.param(["--durations", "--fleet", "hgx-h100", "--fleet", "nvl72-gb200"], ["hgx-h100", "nvl72-gb200"],
                  id="queue-two-fleets"),
 ])
@@ -153,7 +154,7 @@ def test_simulate_jobs_prints_one_row_per_fleet_and_scheduler(
     assert main(["simulate", "--jobs", "training", "--racks", "1", "--seeds", "42", "--json", str(out_json),
                  *extra]) == 0
     out = capsys.readouterr().out
-    rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0] in jobs.FLEETS]
+    rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0] in jobfleets.FLEETS]
     assert [(r[0], r[1]) for r in rows] == [(f, s) for f in fleets for s in jobs.SCHEDULERS]
     assert ("wait p90 min" in out) == ("--durations" in extra)
     runs = json.loads(out_json.read_text())["runs"]
