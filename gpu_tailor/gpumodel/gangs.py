@@ -207,12 +207,3 @@ def _in_one_domain(policy: Policy, gang: Gang, mix: GangMix | None, rows: Array)
         if best is None or key < best[0]:
             best = (key, GangPlan(d, tuple(taken)))
     return best[1] if best is not None else None
-
-
-def largest(fleet: Fleet, shape: Shape, rows: Array | None = None) -> dict[int, int]:
-    """Per domain id (labelled domains, and nodes alone): the most members of ``shape`` it holds at once, an upper
-    bound (``slots``): the largest gang of that shape that still fits there."""
-    rows = fleet.rows() if rows is None else rows
-    hold = domain_slots(fleet, shape, rows)
-    present = np.unique(fleet.domain[rows])
-    return {int(d): int(hold[d]) for d in present}

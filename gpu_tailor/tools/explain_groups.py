@@ -8,8 +8,7 @@ from typing import Any
 
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.extender.gangbook import Answer
-from gpu_tailor.gpumodel import gangs
-from gpu_tailor.gpumodel.fleet import MILLI
+from gpu_tailor.gpumodel.domains import domain_rows
 from gpu_tailor.gpumodel.groups import GroupError, group_of
 from gpu_tailor.gpumodel.schedule import Demand, shape_of
 
@@ -40,15 +39,10 @@ def groups_said(cache: Cache, pod: dict[str, Any], demand: Demand, member: Answe
     if offering is None:
         return out
     shape = shape_of(demand, offering)
-    rows = fleet.rows()
-    hold = gangs.largest(fleet, shape, rows)
-    idle = gangs.idle_gpus(fleet, rows)
-    total = {d: int(fleet.ngpu[rows][fleet.domain[rows] == d].sum()) for d in hold}
-    labelled = sorted((d for d in hold if fleet.labelled[d]), key=lambda d: (-hold[d], fleet.domain_names[d]))
+    labelled = sorted(domain_rows(fleet, [shape]), key=lambda d: (-d.largest[shape.gpus], d.name))
     for d in labelled[:SHOWN_DOMAINS]:
-        free = int(fleet.gpu[rows][fleet.domain[rows] == d].clip(min=0).sum()) / MILLI
-        out.append(f"NVLink domain {fleet.domain_names[d]}: {free:g} of {total[d]} GPUs free ({int(idle[d])} idle); "
-                   f"the largest group of pods like this one that still fits there: {hold[d]}")
+        out.append(f"NVLink domain {d.name}: {d.free:g} of {d.gpus} GPUs free ({d.idle} idle); "
+                   f"the largest group of pods like this one that still fits there: {d.largest[shape.gpus]}")
     if len(labelled) > SHOWN_DOMAINS:
         out.append(f"... and {len(labelled) - SHOWN_DOMAINS} more NVLink domains")
     return out
