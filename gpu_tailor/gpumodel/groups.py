@@ -10,10 +10,12 @@ reads each from that project's own names (``labels``):
   ``kueue.x-k8s.io/pod-group-total-count`` on every member;
 - LeaderWorkerSet: one group per replica, the labels ``leaderworkerset.sigs.k8s.io/name`` and ``.../group-index``, its
   size in the annotation ``leaderworkerset.sigs.k8s.io/size``;
-- kube-scheduler's own PodGroup (1.36, ``spec.schedulingGroup.podGroupName``), the scheduler-plugins coscheduling
-  PodGroup (label ``scheduling.x-k8s.io/pod-group``), an Indexed Job and a JobSet's child Job: their size lives in
-  another object (``GroupObject``: the PodGroups and the Indexed Job are read from the API); the group is read here
-  with the size ``gpu-tailor.io/group-size`` gives, where someone set it.
+- kube-scheduler's own groups: 1.36's PodGroup (``spec.schedulingGroup.podGroupName``) and 1.35's Workload
+  (``spec.workloadRef``: the Workload, one of its pod groups, and a replica key that makes each replica a group of its
+  own), the scheduler-plugins coscheduling PodGroup (label ``scheduling.x-k8s.io/pod-group``), an Indexed Job and a
+  JobSet's child Job: their size lives in another object (``GroupObject``: the PodGroups, the Workloads and the
+  Indexed Job are read from the API); the group is read here with the size ``gpu-tailor.io/group-size`` gives, where
+  someone set it.
 
 The NVLink-domain ask defaults to ``preferred``: one domain where one holds the group, else anywhere (on HGX pools a
 domain is one node, and most multi-node jobs there span nodes). ``gpu-tailor.io/nvlink-domain`` on the pod says
@@ -48,6 +50,7 @@ class GroupRef:
     size: int
     domain: str = PREFERRED
     by_domain: bool = False
+    source: str = ""  # the ``GroupObject.key`` that sizes it, where not ``key`` (a Workload's replicas share one)
 
 
 def _size(raw: Any, where: str) -> int:
@@ -81,8 +84,8 @@ def group_of(pod: dict[str, Any]) -> GroupRef | None:
     ns = str(meta.get("namespace") or "")
     stated = annotations.get(labels.ANN_GROUP_SIZE)
 
-    def ref(kind: str, name: str, size: int) -> GroupRef:
-        return GroupRef(f"{ns}/{kind}/{name}", f"{kind} {ns}/{name}", size, _domain(annotations))
+    def ref(kind: str, name: str, size: int, source: str = "") -> GroupRef:
+        return GroupRef(f"{ns}/{kind}/{name}", f"{kind} {ns}/{name}", size, _domain(annotations), source=source)
 
     def stated_size() -> int:
         return _size(stated, labels.ANN_GROUP_SIZE) if stated is not None else 0
@@ -97,6 +100,11 @@ def group_of(pod: dict[str, Any]) -> GroupRef | None:
     scheduling_group = spec.get("schedulingGroup")
     if isinstance(scheduling_group, dict) and scheduling_group.get("podGroupName"):
         return ref("podgroup", str(scheduling_group["podGroupName"]), stated_size())
+    workload_ref = spec.get("workloadRef")
+    if isinstance(workload_ref, dict) and workload_ref.get("name"):
+        group = f"{workload_ref['name']}/{workload_ref.get('podGroup') or ''}"
+        replica = str(workload_ref.get("podGroupReplicaKey") or "")
+        return ref("workload", f"{group}/{replica}" if replica else group, stated_size(), f"{ns}/workload/{group}")
     if labels.KUEUE_GROUP in pod_labels:
         count = annotations.get(labels.KUEUE_GROUP_COUNT)
         if count is None:
@@ -121,10 +129,11 @@ def group_of(pod: dict[str, Any]) -> GroupRef | None:
 @dataclass(frozen=True, slots=True)
 class GroupObject:
     """An API object that says a group's size: kube-scheduler's PodGroup (``scheduling.k8s.io/v1alpha2``: its gang
-    policy's ``minCount``, its topology constraints' node label keys) or a scheduler-plugins coscheduling PodGroup
-    (``scheduling.x-k8s.io/v1alpha1``: ``minMember``). ``size`` 0: not a gang (a basic policy)."""
+    policy's ``minCount``, its topology constraints' node label keys), one pod group of its Workload (1.35's
+    ``scheduling.k8s.io/v1alpha1``) or a scheduler-plugins coscheduling PodGroup (``scheduling.x-k8s.io/v1alpha1``:
+    ``minMember``). ``size`` 0: not a gang (a basic policy)."""
 
-    key: str  # as ``GroupRef.key``
+    key: str  # as ``GroupRef.source``, else ``GroupRef.key``
     size: int
     topology: tuple[str, ...] = ()
 
@@ -141,6 +150,23 @@ def podgroup_object(obj: dict[str, Any]) -> GroupObject | None:
     keys = tuple(str(t["key"]) for t in constraints if isinstance(t, dict) and t.get("key")) \
         if isinstance(constraints, list) else ()
     return GroupObject(f"{meta.get('namespace', '')}/podgroup/{meta['name']}", size, keys)
+
+
+def workload_objects(obj: dict[str, Any]) -> list[GroupObject]:
+    """The pod groups of a ``scheduling.k8s.io/v1alpha1`` Workload (1.35): each ``spec.podGroups[]`` entry, sized by
+    its gang policy's ``minCount`` (0 for a basic one); none where the Workload cannot be read."""
+    meta, spec = _dict(obj.get("metadata")), _dict(obj.get("spec"))
+    groups = spec.get("podGroups")
+    if not meta.get("name") or not isinstance(groups, list):
+        return []
+    out = []
+    for g in groups:
+        if not isinstance(g, dict) or not g.get("name"):
+            continue
+        count = _dict(_dict(g.get("policy")).get("gang")).get("minCount")
+        size = count if isinstance(count, int) and 1 <= count <= MAX_GROUP else 0
+        out.append(GroupObject(f"{meta.get('namespace', '')}/workload/{meta['name']}/{g['name']}", size))
+    return out
 
 
 def coscheduling_object(obj: dict[str, Any]) -> GroupObject | None:
@@ -167,37 +193,43 @@ def job_object(obj: dict[str, Any]) -> GroupObject | None:
 def resolved(ref: GroupRef, objects: dict[str, GroupObject], domain_keys: tuple[str, ...]) -> GroupRef:
     """``ref`` with the size its group's object says, where the pod did not say it; a topology constraint on a node
     label that names NVLink domains (``domain_keys``) makes one domain required."""
-    obj = objects.get(ref.key)
+    obj = objects.get(ref.source or ref.key)
     if obj is None:
         return ref
     by_domain = bool(set(obj.topology) & set(domain_keys))
-    return GroupRef(ref.key, ref.name, ref.size or obj.size, REQUIRED if by_domain else ref.domain, by_domain)
+    return GroupRef(ref.key, ref.name, ref.size or obj.size, REQUIRED if by_domain else ref.domain, by_domain,
+                    ref.source)
 
 
-Reader = Callable[[dict[str, Any]], GroupObject | None]
+# an API object's groups: one (a PodGroup, a Job), several (a Workload's pod groups) or none (not readable, not one)
+Reader = Callable[[dict[str, Any]], GroupObject | list[GroupObject] | None]
 
 
 class GroupObjects:
-    """The group objects the API serves, by ``GroupRef.key``; one writer per kind (its list and watch)."""
+    """The group objects the API serves, by ``GroupObject.key``; one writer per kind (its list and watch)."""
 
     def __init__(self) -> None:
         self.objects: dict[str, GroupObject] = {}
-        self._keys: dict[str, set[str]] = {}  # kind -> the keys its last list and watch gave
+        self._given: dict[str, dict[str, tuple[str, ...]]] = {}  # kind -> API object (ns/name) -> the keys it gave
 
     def reset(self, kind: str, read: Reader, items: list[dict[str, Any]]) -> None:
-        for key in self._keys.pop(kind, set()):
-            self.objects.pop(key, None)
+        for keys in self._given.pop(kind, {}).values():
+            for key in keys:
+                self.objects.pop(key, None)
         for obj in items:
             self.apply(kind, read, "ADDED", obj)
 
     def apply(self, kind: str, read: Reader, event: str, obj: dict[str, Any]) -> None:
-        got = read(obj)
-        if got is None:
-            return
-        keys = self._keys.setdefault(kind, set())
+        meta = _dict(obj.get("metadata"))
+        given = self._given.setdefault(kind, {})
+        source = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        for key in given.pop(source, ()):  # what it gave before: a change may drop a group
+            self.objects.pop(key, None)
         if event == "DELETED":
-            self.objects.pop(got.key, None)
-            keys.discard(got.key)
-        else:
-            self.objects[got.key] = got
-            keys.add(got.key)
+            return
+        got = read(obj)
+        found = got if isinstance(got, list) else [got] if got is not None else []
+        for g in found:
+            self.objects[g.key] = g
+        if found:
+            given[source] = tuple(g.key for g in found)

@@ -13,7 +13,7 @@ import pytest
 from gpu_tailor.extender import verbs, wire
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.gpumodel import labels
-from gpu_tailor.gpumodel.groups import podgroup_object
+from gpu_tailor.gpumodel.groups import podgroup_object, workload_objects
 from tests.conftest import node_fixture
 from tests.extender.builders import args, gpu_pod
 
@@ -186,6 +186,26 @@ def test_pods_of_a_kube_scheduler_podgroup_are_planned_whole_in_its_clique() -> 
     assert len(set(places)) == 3 and {clique(p) for p in places} == {"2"}  # the clique in use that holds it
     plan = next(iter(cache.groups.plans.values()))
     assert plan.ref.domain == "required" and plan.domain == f"{labels.GPU_CLIQUE}=uuid-2.2"
+
+
+def test_each_replica_of_a_1_35_workloads_pod_group_is_planned_whole_on_its_own() -> None:
+    cache = synced([])
+    cache.group_objects.reset("workload", workload_objects, [{
+        "metadata": {"name": "train", "namespace": "default"},
+        "spec": {"podGroups": [{"name": "workers", "policy": {"gang": {"minCount": 2}}}]}}])
+    places: dict[str, list[str]] = {}
+    for replica in ("r0", "r1"):
+        for i in range(2):
+            pod = gpu_pod(f"{replica}-{i}", 4)
+            pod["metadata"]["namespace"] = "default"
+            pod["spec"]["workloadRef"] = {"name": "train", "podGroup": "workers", "podGroupReplicaKey": replica}
+            passed, _ = filtered(cache, pod)
+            assert len(passed) == 1
+            places.setdefault(replica, []).append(passed[0])
+    assert sorted(p.ref.key for p in cache.groups.plans.values()) == [
+        "default/workload/train/workers/r0", "default/workload/train/workers/r1"]
+    assert all(p.ref.size == 2 for p in cache.groups.plans.values())
+    assert len({n for nodes in places.values() for n in nodes}) == 4  # each member its own tray
 
 
 def in_domain(cache: Cache, pod: dict[str, Any], clique_id: int) -> tuple[list[str], dict[str, str]]:

@@ -18,6 +18,7 @@ from gpu_tailor.gpumodel.groups import (
     job_object,
     podgroup_object,
     resolved,
+    workload_objects,
 )
 
 
@@ -42,6 +43,12 @@ def pod(ns: str = "team-a", pod_labels: dict[str, str] | None = None, annotation
                  GroupRef("team-a/podgroup/pg", "podgroup team-a/pg", 12, PREFERRED), id="podgroup-sized"),
     pytest.param(pod(spec={"schedulingGroup": {"podGroupName": "pg"}}),
                  GroupRef("team-a/podgroup/pg", "podgroup team-a/pg", 0, PREFERRED), id="podgroup-unsized"),
+    pytest.param(pod(spec={"workloadRef": {"name": "train", "podGroup": "workers", "podGroupReplicaKey": "r1"}}),
+                 GroupRef("team-a/workload/train/workers/r1", "workload team-a/train/workers/r1", 0, PREFERRED,
+                          source="team-a/workload/train/workers"), id="workload-replica"),
+    pytest.param(pod(spec={"workloadRef": {"name": "train", "podGroup": "workers"}}),
+                 GroupRef("team-a/workload/train/workers", "workload team-a/train/workers", 0, PREFERRED,
+                          source="team-a/workload/train/workers"), id="workload"),
     pytest.param(pod(pod_labels={labels.COSCHEDULING_GROUP: "cg"}),
                  GroupRef("team-a/coscheduling/cg", "coscheduling team-a/cg", 0, PREFERRED), id="coscheduling"),
     pytest.param(pod(pod_labels={labels.JOBSET_NAME: "js", labels.JOBSET_REPLICATED_JOB: "workers",
@@ -121,6 +128,36 @@ def test_a_pod_that_states_its_size_still_takes_its_podgroups_topology_constrain
     assert ref is not None
     got = resolved(ref, store.objects, (labels.GPU_CLIQUE,))
     assert (got.size, got.domain, got.by_domain) == (4, REQUIRED, True)
+
+
+def workload(name: str, groups: list[Any], ns: str = "team-a") -> dict[str, Any]:
+    return {"apiVersion": "scheduling.k8s.io/v1alpha1", "kind": "Workload",
+            "metadata": {"name": name, "namespace": ns}, "spec": {"podGroups": groups}}
+
+
+def test_a_1_35_workload_gives_each_of_its_pod_groups_a_size() -> None:
+    obj = workload("train", [{"name": "workers", "policy": {"gang": {"minCount": 8}}},
+                             {"name": "driver", "policy": {"basic": {}}}, "junk", {"policy": {}}])
+    assert workload_objects(obj) == [GroupObject("team-a/workload/train/workers", 8),
+                                     GroupObject("team-a/workload/train/driver", 0)]
+    assert workload_objects({"metadata": {"name": "w"}, "spec": {"podGroups": "no"}}) == []
+    assert workload_objects({"metadata": {}, "spec": {"podGroups": []}}) == []
+
+
+def test_each_replica_of_a_workloads_pod_group_is_a_group_of_that_size() -> None:
+    store = GroupObjects()
+    store.reset("workload", workload_objects, [workload("train", [{"name": "workers",
+                                                                  "policy": {"gang": {"minCount": 4}}}])])
+    refs = [group_of(pod(spec={"workloadRef": {"name": "train", "podGroup": "workers", "podGroupReplicaKey": r}}))
+            for r in ("a", "b")]
+    got = [resolved(r, store.objects, (labels.GPU_CLIQUE,)) for r in refs if r is not None]
+    assert [(g.size, g.domain) for g in got] == [(4, PREFERRED), (4, PREFERRED)]
+    assert got[0].key != got[1].key  # one gang each, planned apart
+    # a Workload changed to drop the pod group leaves its pods unsized; deleted, the same
+    store.apply("workload", workload_objects, "MODIFIED", workload("train", [{"name": "other"}]))
+    assert resolved(refs[0], store.objects, ()).size == 0 and set(store.objects) == {"team-a/workload/train/other"}
+    store.apply("workload", workload_objects, "DELETED", workload("train", [{"name": "other"}]))
+    assert not store.objects
 
 
 @pytest.mark.parametrize(("spec", "size"), [
