@@ -155,6 +155,7 @@ class JobRun:
     jobs: int = 0
     gangs: int = 0  # jobs of several pods
     gangs_whole: int = 0  # ... that ran with every pod
+    gangs_by_capacity: tuple[int, int] = (0, 0)  # arrivals: (whole, arrived) once the GPUs' worth had arrived
     split: int = 0  # ... of those that asked for one domain, placed over several
     spread: int = 0  # ... of those that preferred one, placed over several
     alloc: float = 0.0  # GPUs bound
@@ -190,6 +191,8 @@ def replay(nodes: list[FleetNode], jobs: list[Job], scheduler: str, seed: int, *
     for i, job in enumerate(jobs):
         if arrived + job.gpus > inflate * capacity:
             break
+        if arrived <= capacity < arrived + job.gpus:  # the fleet's GPUs have arrived: FGD's 100% mark
+            run.gangs_by_capacity = (run.gangs_whole, run.gangs)
         arrived += job.gpus
         run.jobs += 1
         run.gangs += job.gang.size > 1
@@ -205,6 +208,8 @@ def replay(nodes: list[FleetNode], jobs: list[Job], scheduler: str, seed: int, *
                 held += gpus(job.gang.member, len(placed))
         if progress is not None:
             progress(i + 1)
+    if arrived <= capacity:
+        run.gangs_by_capacity = (run.gangs_whole, run.gangs)
     run.alloc = (run.useful + held) / capacity
     run.useful /= capacity
     run.held = held / capacity

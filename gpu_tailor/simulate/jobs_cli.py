@@ -163,7 +163,9 @@ def table(runs: list[tuple[str, jobs.JobRun]], durations: bool) -> str:
     for kind, r in runs:
         groups[(kind, r.scheduler)].append(r)
     header = ["fleet", "scheduler", "seeds", "alloc%", "useful%", "held%", "gangs whole/arrived", "split", "spread"]
-    if durations:
+    if not durations:
+        header += ["whole/arrived @100%"]
+    else:
         header += ["wait p50 min", "wait p90 min", "never started"]
     rows = [header]
     for (kind, scheduler), rs in groups.items():
@@ -171,7 +173,9 @@ def table(runs: list[tuple[str, jobs.JobRun]], durations: bool) -> str:
                f"{100 * mean(r.useful for r in rs):.1f}", f"{100 * mean(r.held for r in rs):.1f}",
                f"{mean(r.gangs_whole for r in rs):.1f} / {mean(r.gangs for r in rs):.1f}",
                f"{mean(r.split for r in rs):.1f}", f"{mean(r.spread for r in rs):.1f}"]
-        if durations:
+        if not durations:
+            row += [f"{mean(r.gangs_by_capacity[0] for r in rs):.1f} / {mean(r.gangs_by_capacity[1] for r in rs):.1f}"]
+        else:
             row += [_wait(mean(r.wait(50) for r in rs) / 60), _wait(mean(r.wait(90) for r in rs) / 60),
                     f"{mean(r.never for r in rs):.1f}"]
         rows.append(row)
@@ -233,12 +237,12 @@ def run_jobs(args: argparse.Namespace) -> int:
     print("alloc: GPUs bound, % of the fleet" + (" over the time jobs arrive" if args.durations else "") +
           " (a pod's share of a GPU counted as its share); useful: of jobs running whole; held: of jobs not yet "
           "whole; split: gangs that need one NVLink domain placed over several; spread: gangs that prefer one, over "
-          "several")
+          "several" + ("" if args.durations else "; @100%: once the fleet's GPUs' worth of jobs had arrived"))
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": [
             {"fleet": kind, "scheduler": r.scheduler, "seed": r.seed, "jobs": r.jobs, "gangs": r.gangs,
-             "gangs_whole": r.gangs_whole, "split": r.split, "spread": r.spread, "alloc": r.alloc,
-             "useful": r.useful, "held": r.held, "never": r.never,
+             "gangs_whole": r.gangs_whole, "gangs_by_capacity": list(r.gangs_by_capacity), "split": r.split,
+             "spread": r.spread, "alloc": r.alloc, "useful": r.useful, "held": r.held, "never": r.never,
              "wait_p50_s": r.wait(50), "wait_p90_s": r.wait(90)} for kind, r in runs]}, indent=1) + "\n")
         print(f"wrote {args.json}")
     return 0

@@ -41,6 +41,19 @@ def test_gpu_tailor_splits_no_gang_and_holds_no_gpu_for_one_not_whole(kind: str,
     assert 0 < run.useful == run.alloc <= 1
 
 
+def test_the_gangs_counted_at_the_100_percent_mark_are_those_that_arrived_by_then() -> None:
+    # jobs of two half trays on two trays (8 GPUs): two fit and bring the GPUs' worth; a third arrives past the mark
+    # and finds the trays full
+    nodes = jobfleets.fleet_nodes("nvl72-gb200", 1)[:2]
+    pair = Gang(2, Shape(1000, 1024, 2, MILLI), REQUIRED)
+    load = [jobfleets.Job(f"j{i}", pair) for i in range(4)]
+    run = jobs.replay(nodes, load, "gpu-tailor", 42, inflate=1.5)
+    assert (run.gangs_whole, run.gangs) == (2, 3)
+    assert run.gangs_by_capacity == (2, 2)
+    run = jobs.replay(nodes, load, "gpu-tailor", 42, inflate=1.0)  # the run ends at the mark
+    assert run.gangs_by_capacity == (run.gangs_whole, run.gangs) == (2, 2)
+
+
 def test_kube_scheduler_without_gangs_holds_gpus_for_jobs_not_whole() -> None:
     nodes = small("nvl72-gb200")
     held = [jobs.replay(nodes, jobfleets.training_jobs("nvl72-gb200", s, 300), "kube-scheduler", s, inflate=1.3).held
