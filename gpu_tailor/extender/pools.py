@@ -11,9 +11,9 @@ Per pool:
 - ``gpu_tailor_pool_fragmentation_gpus``: the free GPU capacity the pod mix the extender has learnt could not use
   where it is (FGD's measure, the one the policy lowers), in GPUs.
 
-Per NVLink domain several nodes share (an NVL72 rack's ``nvidia.com/gpu.clique``): ``gpu_tailor_domain_gpus``,
-``gpu_tailor_domain_gpus_idle``, ``gpu_tailor_domain_whole_nodes`` and ``gpu_tailor_domain_largest_group`` (by GPUs
-per pod: the largest group of such pods that still fits there).
+Per NVLink domain several nodes share (an NVL72 rack's ``nvidia.com/gpu.clique``), labelled with the domain and its
+pool's ``model``: ``gpu_tailor_domain_gpus``, ``gpu_tailor_domain_gpus_idle``, ``gpu_tailor_domain_whole_nodes`` and
+``gpu_tailor_domain_largest_group`` (by GPUs per pod: the largest group of such pods that still fits there).
 
 Cordoned nodes, and nodes that sell no GPU yet (initializing), count in no pool. The values are the extender's
 view: which GPU a pod holds is a prediction on device-plugin pools (docs/concepts.md,
@@ -96,19 +96,21 @@ def domain_gauges(fleet: Fleet) -> Iterator[GaugeMetricFamily]:
     rows = domain_rows(fleet, member_shapes(fleet, 0, 0))
     if not rows:
         return
-    gpus = GaugeMetricFamily("gpu_tailor_domain_gpus", "GPUs of the NVLink domain's nodes", labels=["domain"])
+    by = ["domain", "model"]  # the model joins a domain to its pool's gauges
+    gpus = GaugeMetricFamily("gpu_tailor_domain_gpus", "GPUs of the NVLink domain's nodes", labels=by)
     idle = GaugeMetricFamily("gpu_tailor_domain_gpus_idle", "GPUs of the NVLink domain nobody holds any part of",
-                             labels=["domain"])
+                             labels=by)
     whole = GaugeMetricFamily("gpu_tailor_domain_whole_nodes", "Nodes of the NVLink domain with every GPU idle",
-                              labels=["domain"])
+                              labels=by)
     largest = GaugeMetricFamily("gpu_tailor_domain_largest_group", "The most pods of gpus_per_pod GPUs each that "
-                                "still fit in the NVLink domain at once", labels=["domain", "gpus_per_pod"])
+                                "still fit in the NVLink domain at once", labels=[*by, "gpus_per_pod"])
     for d in rows:
-        gpus.add_metric([d.name], d.gpus)
-        idle.add_metric([d.name], d.idle)
-        whole.add_metric([d.name], d.whole_nodes)
+        key = [d.name, d.model or "unknown"]
+        gpus.add_metric(key, d.gpus)
+        idle.add_metric(key, d.idle)
+        whole.add_metric(key, d.whole_nodes)
         for g, n in sorted(d.largest.items()):
-            largest.add_metric([d.name, str(g)], n)
+            largest.add_metric([*key, str(g)], n)
     yield from (gpus, idle, whole, largest)
 
 

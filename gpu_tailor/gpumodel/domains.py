@@ -24,6 +24,7 @@ class DomainRow:
     free: float  # GPUs free, shares added up
     whole_nodes: int  # nodes with every GPU idle
     largest: dict[int, int] = field(default_factory=dict)  # GPUs per pod -> the most such pods it holds now
+    model: str = ""  # the GPU model most of its nodes have (a pool's ``model``)
 
 
 def member_shapes(fleet: Fleet, cpu_milli: int, memory_mib: int) -> list[Shape]:
@@ -48,7 +49,10 @@ def domain_rows(fleet: Fleet, shapes: list[Shape]) -> list[DomainRow]:
         if not fleet.labelled[d]:
             continue
         here = fleet.domain[rows] == d
+        models = fleet.model[rows][here]
+        known = models[models >= 0]
+        model = fleet.models[int(np.bincount(known).argmax())] if len(known) else ""
         out.append(DomainRow(fleet.domain_names[d], int(here.sum()), int(fleet.ngpu[rows][here].sum()),
                              int(idle[here].sum()), float(np.maximum(fleet.gpu[rows][here], 0).sum()) / MILLI,
-                             int(whole[here].sum()), {g: int(h[here].sum()) for g, h in held.items()}))
+                             int(whole[here].sum()), {g: int(h[here].sum()) for g, h in held.items()}, model))
     return out

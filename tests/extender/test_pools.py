@@ -53,6 +53,11 @@ async def test_each_nvlink_domain_says_its_gpus_and_the_largest_group_that_still
            for f in text_string_to_metric_families(text) for s in f.samples if s.name.startswith("gpu_tailor_domain_")}
     one, busy = f"{labels.GPU_CLIQUE}=uuid-0.0", f"{labels.GPU_CLIQUE}=uuid-1.1"
     assert len({d for _, d, _ in got}) == len(TRAYS) // 4
+    pools = {s.labels["model"] for f in text_string_to_metric_families(text) for s in f.samples
+             if s.name == "gpu_tailor_pool_gpus"}
+    models = {s.labels["model"] for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name.startswith("gpu_tailor_domain_")}
+    assert models and models <= pools  # each domain joins its pool's gauges by model
     assert got[("gpu_tailor_domain_gpus", busy, "")] == 16
     assert got[("gpu_tailor_domain_gpus_idle", busy, "")] == 14
     assert got[("gpu_tailor_domain_whole_nodes", busy, "")] == 3
