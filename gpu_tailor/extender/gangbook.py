@@ -28,6 +28,7 @@ import numpy as np
 
 from gpu_tailor.extender.records import PodRecord, pod_uid
 from gpu_tailor.gpumodel import gangs, labels
+from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.gpumodel.fleet import Fleet
 from gpu_tailor.gpumodel.groups import GroupRef
 from gpu_tailor.gpumodel.inventory import HealthState
@@ -48,6 +49,7 @@ class Books(Protocol):
     pods: dict[str, PodRecord]
     on_node: dict[str, dict[str, PodRecord]]
     fleet: Fleet
+    dra: DraState
 
     @property
     def policy(self) -> Policy: ...
@@ -168,10 +170,11 @@ class GroupBook:
 
     # ----- the filter -----
     def answer(self, books: Books, pod: dict[str, Any], demand: Demand, ref: GroupRef,
-               candidates: list[str] | None = None) -> Answer:
+               candidates: list[str] | None = None) -> Answer | None:
         """The node a member may go to, planning its group first where nothing holds a plan for it, on
         ``candidates`` where given: the nodes kube-scheduler's own filters passed for this pod (its node selector,
-        affinity and tolerations, which its group's pods share; gpu-tailor-scheduler scores every feasible node)."""
+        affinity and tolerations, which its group's pods share; gpu-tailor-scheduler scores every feasible node).
+        None where the group is not gpu-tailor's to plan: DRA serves its ask (``_plan``)."""
         uid = pod_uid(pod)
         if uid in self.members:
             key, i = self.members[uid]
@@ -184,6 +187,8 @@ class GroupBook:
                                 f"{demand.units} x {demand.resource}): a group's pods must ask alike")
         if plan is None:
             made = self._plan(books, demand, ref, pod, candidates)
+            if made is None:
+                return None
             if isinstance(made, str):
                 return Answer(None, made)
             plan = made
@@ -196,7 +201,7 @@ class GroupBook:
         return Answer(plan.slots[i].node)
 
     def _plan(self, books: Books, demand: Demand, ref: GroupRef, pod: dict[str, Any],
-              candidates: list[str] | None) -> Plan | str:
+              candidates: list[str] | None) -> Plan | str | None:
         fleet, policy = books.fleet, books.policy
         # Only the nodes whose inventory can serve a member (what fit() checks before placing: health, product, the
         # resource sold as whole GPUs and not as MIG slices or replicas): the fleet's rows say GPUs, not how they
@@ -207,6 +212,12 @@ class GroupBook:
             rows = self.placements[ref.key].rows(fleet)
         offers = [(r, v) for r in rows if (ns := books.nodes.get(fleet.names[r])) is not None
                   and not isinstance(v := inventory_verdict(ns.inventory, demand), Fit)]
+        # Where DRA serves the ask too (a DeviceClass's extendedResourceName), kube-scheduler's DynamicResources
+        # allocates each pod's devices itself, where the extender cannot hold them: a group it cannot plan on the
+        # device-plugin nodes is left to kube-scheduler pod by pod rather than refused.
+        dra_too = books.dra.enabled and demand.resource in books.dra.extended()
+        if not offers and dra_too:
+            return None
         if not offers:
             return f"{ref.name}: no node serves {demand.units} x {demand.resource} to each of its pods"
         rows = np.array([r for r, _ in offers], np.int64)
@@ -225,7 +236,7 @@ class GroupBook:
         if chosen is None and not healthy.all():
             chosen = gangs.plan(policy, gang, self.mix, rows)
         if chosen is None:
-            return self._why_not(fleet, gang, ref, demand, rows)
+            return None if dra_too else self._why_not(fleet, gang, ref, demand, rows)
         domain = fleet.domain_names[chosen.domain] if chosen.domain >= 0 else ""
         if here is not None:
             if chosen.domain != here:
