@@ -210,6 +210,7 @@ def capacity(cluster: Cluster, cpu_milli: int = 1000, memory_mib: int = 4096, po
              recent_hours: float = 24.0) -> Report:
     cache = Cache(report_stale=None)  # a dump is read later than it was taken: its reports are as they were
     cache.reset_reports(cluster.reports)  # the node agents' word first: the nodes are installed with it
+    cache.group_objects = cluster.groups  # before the pods: a plan read back from one sizes its group by them
     cache.reset_pods(cluster.pods)
     cache.reset_nodes(cluster.nodes)
     snap = cache.snapshot()

@@ -230,6 +230,7 @@ def schedule(stored: Obj, cluster: Cluster, group_notes: list[str] | None = None
     group_notes = [] if group_notes is None else group_notes
     cache = Cache(report_stale=None)  # a dump is read later than it was taken: its reports are as they were
     cache.reset_reports(cluster.reports)  # the node agents' word first: the nodes are installed with it
+    cache.group_objects = cluster.groups  # before the pods: a plan read back from one sizes its group by them
     cache.reset_pods(cluster.pods)  # as ``gpu-tailor extender --cluster-file`` loads it
     cache.reset_nodes(cluster.nodes)
     cache.dra = cluster.dra

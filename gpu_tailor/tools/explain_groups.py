@@ -23,7 +23,8 @@ def groups_said(cache: Cache, pod: dict[str, Any], demand: Demand, member: Answe
     except GroupError as exc:
         return [f"group: {exc}"]
     plan = cache.groups.plans.get(ref.key) if ref is not None else None
-    if member is not None and plan is not None and ref is not None:
+    if member is not None and plan is not None:
+        ref = plan.ref  # sized and asked as its group's object says (a PodGroup's minCount and topology)
         where = f"in NVLink domain {plan.domain}" if plan.domain else "over several NVLink domains or nodes"
         slots = ", ".join(f"{s.node} (GPU {','.join(map(str, s.gpus))}{', bound' if s.bound else ', held'})"
                           for s in plan.slots)

@@ -1,8 +1,9 @@
 """Where the tools read the cluster from: a ``kubectl get nodes,pods,namespaces -A -o json`` dump (with
-``resourceslices,resourceclaims,deviceclasses`` for DRA pools, ``nodegpureports`` where the node agent runs), or
-the live API through a kubeconfig, read-only (list nodes, pods, the node agents' reports where their CRD is
-installed, and where ``resource.k8s.io/v1`` is served ResourceSlices, ResourceClaims and DeviceClasses; get one
-namespace; nothing is written).
+``resourceslices,resourceclaims,deviceclasses`` for DRA pools, ``nodegpureports`` where the node agent runs, and the
+objects that size groups of pods: ``jobs`` and PodGroups or Workloads), or the live API through a kubeconfig,
+read-only (list nodes, pods, the node agents' reports where their CRD is installed, where ``resource.k8s.io/v1`` is
+served ResourceSlices, ResourceClaims and DeviceClasses, and the group objects the extender watches where served;
+get one namespace; nothing is written).
 
 ``namespaces`` is None when the source does not say (a dump taken without them): the caller then
 assumes the pod's namespace opted in and says so.
@@ -21,6 +22,7 @@ from typing import Any
 import yaml
 
 from gpu_tailor.gpumodel.dra_state import DraState
+from gpu_tailor.gpumodel.groups import GroupObjects
 from gpu_tailor.gpumodel.report import GROUP, KIND, PLURAL, VERSION
 from gpu_tailor.kube.clusterfile import ClusterFileError, parse_cluster
 
@@ -41,6 +43,7 @@ class Cluster:
     notes: list[str] = field(default_factory=list)
     dra: DraState = field(default_factory=lambda: DraState(enabled=False))  # ResourceSlices, claims, classes
     reports: list[Obj] = field(default_factory=list)  # the node agents' NodeGPUReports
+    groups: GroupObjects = field(default_factory=GroupObjects)  # the objects that size groups of pods (PodGroups, Jobs)
 
 
 def load_dump(path: str) -> Cluster:
@@ -65,7 +68,20 @@ def load_dump(path: str) -> Cluster:
             by_kind[item["kind"]].append(item)
     dra_kinds = (by_kind["ResourceSlice"], by_kind["ResourceClaim"], by_kind["DeviceClass"])
     return Cluster(nodes, pods, namespaces or None, f"cluster file {path}",
-                   dra=dra_state(*dra_kinds, enabled=any(dra_kinds)), reports=by_kind[KIND])
+                   dra=dra_state(*dra_kinds, enabled=any(dra_kinds)), reports=by_kind[KIND],
+                   groups=group_objects(data.get("items") or []))
+
+
+def group_objects(items: list[Any]) -> GroupObjects:
+    """The objects among a dump's ``items`` that size groups of pods, as the extender's watches keep them
+    (``kube.groupobjects.SOURCES``: an object is one by its ``apiVersion`` and kind)."""
+    from gpu_tailor.kube.groupobjects import SOURCES
+
+    store = GroupObjects()
+    for kind, group, version, plural, read in SOURCES:
+        store.reset(kind, read, [i for i in items if isinstance(i, dict) and i.get("apiVersion") == f"{group}/{version}"
+                                 and f"{str(i.get('kind', '')).lower()}s" == plural])
+    return store
 
 
 def dra_state(slices: list[Obj], claims: list[Obj], classes: list[Obj], enabled: bool = True) -> DraState:
@@ -137,6 +153,7 @@ async def _read_live(given: str | None, context: str | None, namespace: str | No
                              "GPUs within nodes are predicted")
         except (TimeoutError, OSError) as exc:
             notes.append(f"the node agents' reports could not be read ({exc}): GPUs within nodes are predicted")
+        groups = await _read_groups(client.CustomObjectsApi(api), notes)
         ns = namespace or default_ns
         namespaces: dict[str, dict[str, str]] | None
         try:
@@ -153,7 +170,31 @@ async def _read_live(given: str | None, context: str | None, namespace: str | No
             notes.append(f"namespace {ns} could not be read: {exc}")
     finally:
         await api.close()
-    return Cluster(nodes, pods, namespaces, where, default_ns, notes, dra, reports)
+    return Cluster(nodes, pods, namespaces, where, default_ns, notes, dra, reports, groups)
+
+
+async def _read_groups(custom: Any, notes: list[str]) -> GroupObjects:
+    """The group objects the API server serves (those the extender watches; 404: not served, nothing to say)."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from gpu_tailor.kube.groupobjects import SOURCES
+    from gpu_tailor.kube.watch import list_all
+
+    store = GroupObjects()
+    for kind, group, version, plural, read in SOURCES:
+        try:
+            items, _ = await list_all(functools.partial(custom.list_cluster_custom_object, group, version, plural))
+        except ApiException as exc:
+            if exc.status != 404:
+                notes.append(f"{plural} ({group}/{version}) could not be read (HTTP {exc.status}: {exc.reason}): "
+                             "groups sized by them are taken as single pods")
+            continue
+        except (TimeoutError, OSError) as exc:
+            notes.append(f"{plural} ({group}/{version}) could not be read ({exc}): groups sized by them are taken "
+                         "as single pods")
+            continue
+        store.reset(kind, read, items)
+    return store
 
 
 def read_live(kubeconfig: str | None, context: str | None = None, namespace: str | None = None) -> Cluster:

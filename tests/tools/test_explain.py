@@ -3,6 +3,9 @@ extender turn away and why, the node and GPUs bind would choose."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import jsonpatch
 import pytest
 
@@ -140,3 +143,23 @@ def test_a_groups_pod_is_explained_with_its_plan_and_the_nvlink_domains() -> Non
     said = explain(too_big, "pod", Cluster(TRAYS, [busy], None, "trays"), POLICY)
     assert said.chosen is None
     assert any("fits in no NVLink domain as a whole" in n for n in said.notes)
+
+
+def test_a_group_sized_by_its_podgroup_in_a_dump_is_explained_as_a_group(tmp_path: Path) -> None:
+    """The pods of a kube-scheduler PodGroup do not say the group's size; the dump's PodGroup does, as the
+    extender's watch of it does."""
+    from gpu_tailor.tools.source import load_dump
+    from tests.extender.test_gangs import NODES as TRAYS
+
+    member = pod("pg-0", {"nvidia.com/gpu": "4"})
+    member["spec"]["schedulingGroup"] = {"podGroupName": "pg"}
+    podgroup = {"apiVersion": "scheduling.k8s.io/v1alpha2", "kind": "PodGroup",
+                "metadata": {"name": "pg", "namespace": "team-a"},
+                "spec": {"schedulingPolicy": {"gang": {"minCount": 3}},
+                         "schedulingConstraints": {"topology": [{"key": "nvidia.com/gpu.clique"}]}}}
+    dump = tmp_path / "dump.json"
+    for items, planned in (([*TRAYS, podgroup], True), (TRAYS, False)):
+        dump.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+        said = explain(member, "pod", load_dump(str(dump)), POLICY)
+        plans = [n for n in said.notes if n.startswith("podgroup team-a/pg: 3 pods (required one NVLink domain)")]
+        assert bool(plans) is planned, said.notes  # without the PodGroup: a single pod
