@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.e2e.cluster import REPO
-from tests.e2e.kube import Obj, wait_for
+from tests.e2e.kube import Obj, api_path, wait_for
 from tests.e2e.pods import Pods, gpu_pod, gpus_annotation, pod_from_review, unique
 from tests.e2e.services import Stack, failed_scheduling, pod_events
 
@@ -150,3 +150,23 @@ def test_capacity_live_from_a_dump_and_as_a_kubectl_plugin(cluster: Stack, pods:
     assert plugin["source"] == f"kubeconfig {cluster.cp.kubeconfig}, context {context}"
     assert (plugin["chosen"], plugin["gpus"], plugin["stored"]) == (direct["chosen"], direct["gpus"], direct["stored"])
     assert not plugin["notes"]  # the namespace's labels were read: opted in, nothing assumed
+
+
+def test_explain_sizes_a_group_by_its_indexed_job_read_from_the_api(cluster: Stack, tmp_path: Path) -> None:
+    """An Indexed Job's pods say nothing of their group's size: explain reads the Job, as the extender's watch does,
+    and shows the group's plan (the Job is suspended: it makes no pod)."""
+    ns, name = cluster.opted_in, unique("explained-job")
+    template = gpu_pod("member", {"nvidia.com/gpu": "4"})
+    template["spec"]["restartPolicy"] = "Never"
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+           "spec": {"suspend": True, "completionMode": "Indexed", "completions": 2, "parallelism": 2,
+                    "template": {"spec": template["spec"]}}}
+    cluster.kube.create(api_path("jobs", ns, group="batch/v1"), job)
+    try:
+        member = gpu_pod(f"{name}-0", {"nvidia.com/gpu": "4"}, labels={"batch.kubernetes.io/job-name": name},
+                         annotations={"batch.kubernetes.io/job-completion-index": "0"})
+        said = explain(cluster, member, tmp_path, ns)
+        plans = [n for n in said["notes"] if n.startswith(f"job {ns}/{name}: 2 pods")]
+        assert plans and "planned" in plans[0] and f"this pod: {said['chosen']}" in plans[0], said["notes"]
+    finally:
+        cluster.kube.delete(api_path("jobs", ns, name, group="batch/v1"))
