@@ -128,6 +128,7 @@ class Plan:
 
     anchor: str
     group: str
+    size: int
     domain: str
     slots: list[tuple[str, tuple[int, ...]]]
 
@@ -143,7 +144,7 @@ def plan_on(pods: Pods, created: list[Obj]) -> Plan | None:
         raw = (pods.get(pod)["metadata"].get("annotations") or {}).get(labels.ANN_GROUP_PLAN)
         if raw is not None:
             wire = json.loads(raw)
-            carried.append(Plan(pod["metadata"]["name"], wire["group"], wire["domain"],
+            carried.append(Plan(pod["metadata"]["name"], wire["group"], wire["size"], wire["domain"],
                                 [(str(n), tuple(g)) for n, g, _ in wire["slots"]]))
     assert len(carried) <= 1, f"more than one member carries a plan: {carried}"
     return carried[0] if carried else None
