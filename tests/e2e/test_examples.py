@@ -6,6 +6,17 @@ gpu-tailor-scheduler to a node the comment names.
 The fixture nodes offer what the device-plugin examples need (MIG A100s, time-sliced T4s, MPS V100s, an HGX board of
 H100s). An example that says what it becomes on DRA pools runs there instead, on 1.34 and later: the DRA nodes and
 ResourceSlices of ``tests/e2e/test_dra.py``, the device-plugin nodes cordoned.
+
+An example whose pods are one group has its plan checked too: the plan gpu-tailor writes on one of the pods
+(``gpu-tailor.io/group-plan``) names the group and the size the comment says, and the nodes the pods were bound to.
+A file may hold the object that sizes the group beside its workload: the whole file is applied, and that object
+deleted after the pods. For scheduler-plugins' coscheduling PodGroup, a CRD these control planes do not have, the
+module installs a stand-in written for these tests (``coscheduling-podgroup-crd.yaml``).
+
+Not applied here, each skipped with the reason: the JobSet and LeaderWorkerSet examples (no such controller on these
+control planes; ``tests/test_example_groups.py`` makes their pods as those controllers would and reads their groups)
+and 1.36's PodGroup (served only with alpha feature gates on; ``tests/e2e/test_podgroups.py`` applies that example
+on such a control plane).
 """
 
 from __future__ import annotations
@@ -13,20 +24,112 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import nullcontext
 from functools import partial
+from pathlib import Path
 
 import pytest
 
 from tests.e2e.cluster import Release
-from tests.e2e.kube import Obj, api_path, wait_for
+from tests.e2e.kube import ApiError, Kube, Obj, api_path, wait_for
 from tests.e2e.pods import Pods
-from tests.e2e.services import Stack, pod_events
+from tests.e2e.services import Service, Stack, pod_events
 from tests.e2e.test_dra import GROUP, dra_pools
+from tests.e2e.test_gangs import wait_plan
 from tests.e2e.test_scheduling import assert_bound_where_it_fits
 from tests.examples import Becomes, Example, examples
 
 pytestmark = pytest.mark.e2e
 
 EXAMPLES = examples()
+COSCHEDULING = "scheduling.x-k8s.io/v1alpha1"
+CRD = Path(__file__).with_name("coscheduling-podgroup-crd.yaml")
+CRD_NAME = "podgroups.scheduling.x-k8s.io"
+NO_CONTROLLER = "no {} controller runs on the test control planes (tests/test_example_groups.py makes its pods)"
+GATED = {"scheduling.k8s.io/v1alpha2": "Kubernetes 1.36's PodGroup is served only with alpha feature gates on "
+                                       "(tests/e2e/test_podgroups.py applies this example on such a control plane)"}
+
+
+def not_applied(example: Example) -> str | None:
+    """Why the example cannot be applied on the module's control plane, or None."""
+    if example.kind in ("JobSet", "LeaderWorkerSet"):
+        return f"{example.path.name}: {NO_CONTROLLER.format(example.kind)}"
+    gated = [GATED[d["apiVersion"]] for d in example.extra if d.get("apiVersion") in GATED]
+    return f"{example.path.name}: {gated[0]}" if gated else None
+
+
+def served(kube: Kube, group_version: str, plural: str) -> bool:
+    """Whether discovery lists ``plural`` in ``group_version``."""
+    try:
+        found = kube.get(f"/apis/{group_version}")
+    except ApiError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return any(r.get("name") == plural for r in found.get("resources") or [])
+
+
+def established(kube: Kube, name: str) -> bool:
+    crd = kube.get(api_path("customresourcedefinitions", name=name, group="apiextensions.k8s.io/v1"))
+    return any(c.get("type") == "Established" and c.get("status") == "True"
+               for c in (crd.get("status") or {}).get("conditions") or [])
+
+
+def since_start(service: Service) -> str:
+    """The service's log since it last started (its log file is kept across restarts)."""
+    return service.log.read_text(errors="replace").rsplit("\n===== start #", 1)[-1]
+
+
+@pytest.fixture(scope="module")
+def coscheduling(stack: Stack) -> Iterator[None]:
+    """scheduler-plugins' coscheduling PodGroup served (the CRD, our stand-in), and an extender that watches it.
+    The extender asks discovery about a group API it found not served only every minute (``RECHECK`` in
+    ``kube/groupobjects.py``), so it is started again once discovery serves the CRD, and its log says when it watches;
+    after the module the CRD is deleted and the extender started again, leaving no watch of a gone API behind."""
+    kube = stack.kube
+    stack.cp.kubectl("apply", "-f", str(CRD))
+    try:
+        wait_for(partial(established, kube, CRD_NAME), 30, f"CRD {CRD_NAME} Established")
+        wait_for(partial(served, kube, COSCHEDULING, "podgroups"), 30, f"discovery serving podgroups in {COSCHEDULING}")
+        stack.extender.restart()
+        # what kube/groupobjects.py logs when it starts listing and watching them
+        wait_for(lambda: f"watching podgroups ({COSCHEDULING})" in since_start(stack.extender), 30,
+                 "the extender to watch coscheduling PodGroups", context=stack.extender.tail)
+        yield
+    finally:
+        kube.delete(api_path("customresourcedefinitions", name=CRD_NAME, group="apiextensions.k8s.io/v1"))
+        wait_for(lambda: not served(kube, COSCHEDULING, "podgroups"), 60, f"{COSCHEDULING} no longer served")
+        stack.extender.restart()
+
+
+@pytest.fixture
+def applicable(example: Example, request: pytest.FixtureRequest) -> None:
+    """The example can be applied here: skipped, saying why, where it cannot; the API it needs installed."""
+    why = not_applied(example)
+    if why is not None:
+        pytest.skip(why)
+    if any(d.get("apiVersion") == COSCHEDULING for d in example.extra):
+        request.getfixturevalue("coscheduling")
+
+
+@pytest.fixture
+def extras(cluster: Stack) -> Iterator[list[str]]:
+    """The API paths of the objects an example makes beside its workload (its group's PodGroup), deleted after its
+    pods (``pods`` depends on this fixture)."""
+    made: list[str] = []
+    yield made
+    for path in made:
+        cluster.kube.delete(path)
+
+
+@pytest.fixture
+def pods(cluster: Stack, extras: list[str]) -> Iterator[Pods]:
+    tracker = Pods(cluster.kube, cluster.extender)
+    yield tracker
+    tracker.cleanup()
+
+
+def extra_path(ns: str, doc: Obj) -> str:
+    """Where the API serves one of an example's other documents (the kinds there make their plural with an "s")."""
+    return api_path(f"{doc['kind'].lower()}s", ns, doc["metadata"]["name"], group=doc["apiVersion"])
 
 
 @pytest.fixture
@@ -85,8 +188,10 @@ def remove(cluster: Stack, example: Example, pods: Pods) -> None:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
-def test_example_is_admitted_rewritten_and_bound_as_its_comment_says(example: Example, becomes: Becomes,
-                                                                      cluster: Stack, pods: Pods) -> None:
+def test_example_is_admitted_rewritten_and_bound_as_its_comment_says(example: Example, applicable: None,
+                                                                      becomes: Becomes, cluster: Stack,
+                                                                      extras: list[str], pods: Pods) -> None:
+    extras.extend(extra_path(cluster.opted_in, doc) for doc in example.extra)
     applied = cluster.cp.kubectl("apply", "-n", cluster.opted_in, "-f", str(example.path))
     assert "created" in applied, applied
     try:
@@ -99,6 +204,10 @@ def test_example_is_admitted_rewritten_and_bound_as_its_comment_says(example: Ex
             node = pod["spec"]["nodeName"]
             assert node in becomes.nodes, f"{where}: on {node}, not {becomes.nodes}: {pod_events(cluster.kube, pod)}"
             assert_bound_where_it_fits(cluster, pod, node)  # by gpu-tailor-scheduler, on a node that sells it
+        if example.group is not None:  # placed as one group: the plan names it, sized as the comment says
+            plan = wait_plan(cluster, pods, made)
+            assert plan.group == example.group.key_in(cluster.opted_in) and plan.size == example.group.size, plan
+            assert sorted(plan.nodes) == sorted(p["spec"]["nodeName"] for p in made), plan
         if example.kind != "Pod":  # the controller's own object keeps the portable ask: each new pod is rewritten
             stored = cluster.kube.get(api_path(f"{example.kind.lower()}s", cluster.opted_in,
                                                example.manifest["metadata"]["name"],

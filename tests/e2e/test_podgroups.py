@@ -15,13 +15,16 @@ member passed, binds them all, and sets the PodGroup's ``PodGroupScheduled`` con
 Checked: a PodGroup lands whole in the partly used clique that holds it, whichever clique kube-scheduler tries first,
 each member's GPUs recorded, the plan written on one member; a PodGroup no clique holds now (as large as a clique:
 admission cannot refuse it, the size is not on the pod) stays Pending with nothing bound and the reason, on its pods
-and on the PodGroup. On releases before 1.36 there is no such PodGroup: the tests skip.
+and on the PodGroup; ``examples/podgroup-1-36.yaml`` applied as a user would, with ``kubectl apply -f``, binds
+whole in one clique, each pod rewritten as the example's comment says. On releases before 1.36 there is no such
+PodGroup: the tests skip.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 
@@ -31,6 +34,7 @@ from tests.e2e.invariants import pending_reason
 from tests.e2e.kube import Obj, api_path, wait_for
 from tests.e2e.pods import Pods, gpu_pod, unique
 from tests.e2e.services import Stack, control_plane_with_gpu_tailor, failed_scheduling
+from tests.e2e.test_examples import all_bound, remove
 from tests.e2e.test_gangs import (
     CLIQUES,
     FOUR,
@@ -46,6 +50,7 @@ from tests.e2e.test_gangs import (
     tray,
     wait_plan,
 )
+from tests.examples import EXAMPLES, load
 
 pytestmark = pytest.mark.e2e
 
@@ -172,3 +177,30 @@ def test_a_podgroup_no_clique_holds_now_stays_pending_with_nothing_bound(gated: 
     assert not [p["metadata"]["name"] for p in now if p["spec"].get("nodeName")], "a member was bound"
     assert all(NO_DOMAIN in pending_reason(stack.kube, p) for p in now)
     assert plan_on(pods, created) is None  # no plan, nothing held
+
+
+def test_the_podgroup_example_binds_whole_in_one_clique(gated: Gated, pods: Pods, podgroups: list[str]) -> None:
+    """The example's PodGroup and Job, applied in one go: its pods are rewritten as its comment says and bound whole,
+    a tray each in one clique (the fixture nodes, where the comment places a pod alone, carry no clique)."""
+    stack, trays = gated.stack, gated.trays
+    example = load(EXAMPLES / "podgroup-1-36.yaml")
+    said = example.group
+    assert said is not None and [d["kind"] for d in example.extra] == ["PodGroup"]
+    group = example.extra[0]["metadata"]["name"]
+    podgroups.append(group)  # deleted after the pods
+    applied = stack.cp.kubectl("apply", "-n", stack.opted_in, "-f", str(example.path))
+    assert f"podgroup.scheduling.k8s.io/{group} created" in applied, applied
+    try:
+        made = wait_for(partial(all_bound, stack, example), 60, f"the {example.replicas} pods of {example.path.name}"
+                        " bound", context=stack.context)
+        placed = bound_all(stack, pods, made)
+        for pod in placed:
+            example.becomes["fixture nodes"].check(pod, f"{example.path.name}: pod {pod['metadata']['name']}")
+        assert_whole(trays, placed)
+        plan = wait_plan(stack, pods, placed)
+        assert plan.group == said.key_in(stack.opted_in) and plan.size == said.size, plan
+        assert sorted(plan.nodes) == sorted(nodes_of(placed))
+        assert wait_condition(stack, group, "True").get("reason") == "Scheduled"
+        assert_sound(stack)
+    finally:
+        remove(stack, example, pods)
