@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpu_tailor.cli import main
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.groups import GroupObjects, Reader, group_of, resolved
 from gpu_tailor.gpumodel.schedule import DOMAIN_LABELS
@@ -146,3 +149,17 @@ def test_the_examples_cover_every_way_to_declare_a_group() -> None:
     ways = {(e.kind, e.group.key.split("/", 1)[0]) for e in GROUPED if e.group is not None}
     assert ways == {("Job", "group"), ("Job", "kueue"), ("LeaderWorkerSet", "leaderworkerset"), ("Job", "podgroup"),
                     ("Job", "coscheduling"), ("Job", "job"), ("JobSet", "job")}
+
+
+@pytest.mark.parametrize("example", GROUPED, ids=[e.name for e in GROUPED])
+def test_explain_names_the_group_an_example_makes(example: Example, capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpu-tailor explain -f`` on the example, before it is applied: the pod it explains carries what its
+    controllers set, and the example's own PodGroup or Job sizes the group."""
+    said = example.group
+    assert said is not None
+    dump = Path(__file__).parent / "fixtures" / "cluster" / "control-plane-dump.json"
+    assert main(["explain", "-f", str(example.path), "-n", NS, "--cluster-file", str(dump), "-o", "json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    kind, name = said.key.split("/", 1)
+    named = [n for n in notes if f"{kind} {NS}/{name}" in n]
+    assert named and any(f"{said.size} pods" in n for n in named), notes

@@ -40,8 +40,8 @@ def _cluster(args: argparse.Namespace, namespace: str | None) -> Cluster:
 
 def run_explain(args: argparse.Namespace, prog: str = "gpu-tailor explain") -> int:
     from gpu_tailor.tools import explain
-    from gpu_tailor.tools.manifest import ManifestError, pod_of
-    from gpu_tailor.tools.source import SourceError
+    from gpu_tailor.tools.manifest import ManifestError, group_sizers, pod_of
+    from gpu_tailor.tools.source import SourceError, group_objects
     from gpu_tailor.webhook.config import ConfigError, load_policy
 
     try:
@@ -50,6 +50,8 @@ def run_explain(args: argparse.Namespace, prog: str = "gpu-tailor explain") -> i
         written, _ = pod_of(text, args.filename, args.namespace, "")  # "": the context's, known once read
         cluster = _cluster(args, written["metadata"]["namespace"] or None)
         pod, subject = pod_of(text, args.filename, args.namespace, cluster.default_namespace)
+        # the manifest's own PodGroup, Workload or Job sizes its pods' group, as once applied
+        group_objects(group_sizers(text, args.filename, pod["metadata"]["namespace"]), cluster.groups)
         result = explain.explain(pod, subject, cluster, policy)
     except OSError as exc:
         print(f"{prog}: {args.filename}: {exc.strerror}", file=sys.stderr)

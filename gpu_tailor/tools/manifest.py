@@ -1,5 +1,8 @@
 """The pod a manifest makes: a Pod as written, or the pod template of a workload, named and placed in a
-namespace the way its controller would (the controller adds a suffix; the name only has to be one)."""
+namespace the way its controller would (the controller adds a suffix; the name only has to be one), with the labels
+its controller sets that name a group of pods (a Job's, a JobSet's child Job's, a LeaderWorkerSet's); and the objects
+of the manifest that size such a group (``group_sizers``: its PodGroups or Workloads, its Job, a JobSet's first
+child Job)."""
 
 from __future__ import annotations
 
@@ -8,10 +11,12 @@ from typing import Any
 
 import yaml
 
+from gpu_tailor.gpumodel import labels
+
 Obj = dict[str, Any]
 
-# kind -> path to the pod template
-TEMPLATES = {
+# kind -> path to the pod template (a JobSet's: its first replicated Job's; a LeaderWorkerSet's: its workers')
+TEMPLATES: dict[str, tuple[str | int, ...]] = {
     "Deployment": ("spec", "template"),
     "StatefulSet": ("spec", "template"),
     "DaemonSet": ("spec", "template"),
@@ -19,6 +24,8 @@ TEMPLATES = {
     "ReplicationController": ("spec", "template"),
     "Job": ("spec", "template"),
     "CronJob": ("spec", "jobTemplate", "spec", "template"),
+    "JobSet": ("spec", "replicatedJobs", 0, "template", "spec", "template"),
+    "LeaderWorkerSet": ("spec", "leaderWorkerTemplate", "workerTemplate"),
 }
 
 
@@ -58,17 +65,78 @@ def pod_of(text: str, source: str, namespace: str | None, default_namespace: str
                 pod["metadata"]["name"] = f"{pod['metadata'].get('generateName') or 'pod-'}explain"
             return pod, f"Pod {ns}/{pod['metadata']['name']}"
         if kind in TEMPLATES:
-            template: Any = doc
-            for key in TEMPLATES[kind]:
-                template = template.get(key) if isinstance(template, dict) else None
+            template = _at(doc, TEMPLATES[kind])
             if not isinstance(template, dict):
-                raise ManifestError(f"{source}: {kind} {meta.get('name', '')} has no {'.'.join(TEMPLATES[kind])}")
+                path = ".".join(map(str, TEMPLATES[kind]))
+                raise ManifestError(f"{source}: {kind} {meta.get('name', '')} has no {path}")
             name = str(meta.get("name") or "workload")
             pod_meta = copy.deepcopy(template.get("metadata") or {})
             pod_meta.update(name=f"{name}-explain", namespace=ns)
+            for key, value in _controller_labels(kind, doc, name).items():
+                pod_meta.setdefault("labels", {})[key] = value
+            for key, value in _controller_annotations(kind, doc).items():
+                pod_meta.setdefault("annotations", {})[key] = value
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": pod_meta,
                    "spec": copy.deepcopy(template.get("spec") or {})}
             return pod, f"{kind} {ns}/{name}"
     found = ", ".join(kinds) or "nothing"
     raise ManifestError(f"{source}: expected a Pod or a workload with a pod template "
                         f"({', '.join(['Pod', *TEMPLATES])}); found {found}")
+
+
+def _at(doc: Any, path: tuple[str | int, ...]) -> Any:
+    for key in path:
+        if isinstance(key, int):
+            doc = doc[key] if isinstance(doc, list) and len(doc) > key else None
+        else:
+            doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
+
+
+def _child_job(doc: Obj, name: str) -> tuple[str, Any]:
+    """A JobSet's first child Job, as JobSet names it (``<jobset>-<replicated job>-0``), and its spec."""
+    replicated = _at(doc, ("spec", "replicatedJobs", 0))
+    replicated = replicated if isinstance(replicated, dict) else {}
+    return f"{name}-{replicated.get('name', '')}-0", _at(replicated, ("template", "spec"))
+
+
+def _controller_labels(kind: str, doc: Obj, name: str) -> dict[str, str]:
+    """The labels a workload's controllers set on its pods that name their group (the first pod's)."""
+    if kind == "Job":
+        return {labels.JOB_NAME: name, "job-name": name}
+    if kind == "JobSet":
+        child, _ = _child_job(doc, name)
+        replicated = str(_at(doc, ("spec", "replicatedJobs", 0, "name")) or "")
+        return {labels.JOBSET_NAME: name, labels.JOBSET_REPLICATED_JOB: replicated, labels.JOBSET_JOB_INDEX: "0",
+                labels.JOB_NAME: child, "job-name": child}
+    if kind == "LeaderWorkerSet":
+        return {labels.LWS_NAME: name, labels.LWS_GROUP_INDEX: "0"}
+    return {}
+
+
+def _controller_annotations(kind: str, doc: Obj) -> dict[str, str]:
+    spec = _at(doc, ("spec",)) if kind == "Job" else _child_job(doc, "")[1] if kind == "JobSet" else None
+    if isinstance(spec, dict) and spec.get("completionMode") == "Indexed":
+        return {labels.JOB_COMPLETION_INDEX: "0"}
+    if kind == "LeaderWorkerSet":
+        size = _at(doc, ("spec", "leaderWorkerTemplate", "size"))
+        return {labels.LWS_SIZE: str(size if isinstance(size, int) else 1)}
+    return {}
+
+
+def group_sizers(text: str, source: str, namespace: str) -> list[Obj]:
+    """The objects of the manifest the extender may read a group's size from once applied, in ``namespace``: every
+    document but its Pods and workloads (a PodGroup, a Workload), its Jobs, and a JobSet's first child Job."""
+    out = []
+    for doc in documents(text, source):
+        kind, meta = str(doc.get("kind", "")), doc.get("metadata") or {}
+        name = str(meta.get("name") or "workload")
+        if kind == "JobSet":
+            child, spec = _child_job(doc, name)
+            doc = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": child}, "spec": spec or {}}
+        elif kind == "Pod" or (kind in TEMPLATES and kind != "Job"):
+            continue
+        doc = copy.deepcopy(doc)
+        doc.setdefault("metadata", {})["namespace"] = namespace
+        out.append(doc)
+    return out

@@ -72,15 +72,18 @@ def load_dump(path: str) -> Cluster:
                    groups=group_objects(data.get("items") or []))
 
 
-def group_objects(items: list[Any]) -> GroupObjects:
-    """The objects among a dump's ``items`` that size groups of pods, as the extender's watches keep them
-    (``kube.groupobjects.SOURCES``: an object is one by its ``apiVersion`` and kind)."""
+def group_objects(items: list[Any], store: GroupObjects | None = None) -> GroupObjects:
+    """The objects among ``items`` (a dump's, a manifest's) that size groups of pods, added to ``store`` (a new one by
+    default) as the extender's watches keep them (``kube.groupobjects.SOURCES``: an object is one by its
+    ``apiVersion`` and kind)."""
     from gpu_tailor.kube.groupobjects import SOURCES
 
-    store = GroupObjects()
+    store = GroupObjects() if store is None else store
     for kind, group, version, plural, read in SOURCES:
-        store.reset(kind, read, [i for i in items if isinstance(i, dict) and i.get("apiVersion") == f"{group}/{version}"
-                                 and f"{str(i.get('kind', '')).lower()}s" == plural])
+        for item in items:
+            if isinstance(item, dict) and item.get("apiVersion") == f"{group}/{version}" \
+                    and f"{str(item.get('kind', '')).lower()}s" == plural:
+                store.apply(kind, read, "ADDED", item)
     return store
 
 

@@ -150,6 +150,7 @@ def test_each_replica_of_a_workloads_pod_group_is_a_group_of_that_size() -> None
                                                                   "policy": {"gang": {"minCount": 4}}}])])
     refs = [group_of(pod(spec={"workloadRef": {"name": "train", "podGroup": "workers", "podGroupReplicaKey": r}}))
             for r in ("a", "b")]
+    assert refs[0] is not None and refs[1] is not None
     got = [resolved(r, store.objects, (labels.GPU_CLIQUE,)) for r in refs if r is not None]
     assert [(g.size, g.domain) for g in got] == [(4, PREFERRED), (4, PREFERRED)]
     assert got[0].key != got[1].key  # one gang each, planned apart

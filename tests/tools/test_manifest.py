@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gpu_tailor.tools.manifest import ManifestError, pod_of
+from gpu_tailor.gpumodel.groups import group_of
+from gpu_tailor.tools.manifest import ManifestError, group_sizers, pod_of
+from gpu_tailor.tools.source import group_objects
 
 TEMPLATE = {"metadata": {"labels": {"app": "web"}},
             "spec": {"containers": [{"name": "main", "image": "busybox",
@@ -24,7 +26,8 @@ def workload(kind: str) -> dict[str, object]:
 def test_a_workload_stands_for_its_pods(kind: str) -> None:
     pod, subject = pod_of(yaml.safe_dump(workload(kind)), "w.yaml", None, "default")
     assert subject == f"{kind} team-a/web"
-    assert pod["kind"] == "Pod" and pod["metadata"] == {"labels": {"app": "web"}, "name": "web-explain",
+    job = {"batch.kubernetes.io/job-name": "web", "job-name": "web"} if kind == "Job" else {}  # as its controller sets
+    assert pod["kind"] == "Pod" and pod["metadata"] == {"labels": {"app": "web", **job}, "name": "web-explain",
                                                         "namespace": "team-a"}
     assert pod["spec"] == TEMPLATE["spec"]
 
@@ -56,3 +59,36 @@ def test_the_first_pod_of_a_multi_document_file_and_lists() -> None:
 def test_what_is_not_a_pod_is_said(text: str, message: str) -> None:
     with pytest.raises(ManifestError, match=message):
         pod_of(text, "x.yaml", None, "default")
+
+
+def test_a_workloads_pod_carries_the_labels_its_controllers_name_its_group_with() -> None:
+    """As the Job controller, JobSet and LeaderWorkerSet label their pods: the group each names is the one the
+    extender reads from them (``gpumodel.groups.group_of``)."""
+    indexed = {"kind": "Job", "metadata": {"name": "train"},
+               "spec": {"completionMode": "Indexed", "completions": 2, "parallelism": 2, "template": TEMPLATE}}
+    jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "js"},
+              "spec": {"replicatedJobs": [{"name": "workers", "template": {"spec": indexed["spec"]}}]}}
+    lws = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {"name": "vllm"},
+           "spec": {"leaderWorkerTemplate": {"size": 4, "workerTemplate": TEMPLATE}}}
+    plain = {"kind": "Job", "metadata": {"name": "once"}, "spec": {"template": TEMPLATE}}
+    for doc, key, size in ((indexed, "team-a/job/train", 0), (jobset, "team-a/job/js-workers-0", 0),
+                           (lws, "team-a/leaderworkerset/vllm-0", 4), (plain, None, None)):
+        pod, _ = pod_of(yaml.safe_dump(doc), "w.yaml", "team-a", "default")
+        ref = group_of(pod)
+        assert (ref.key, ref.size) == (key, size) if ref is not None else key is None, (doc["kind"], ref)
+        assert pod["metadata"]["labels"]["app"] == "web"  # the template's own labels kept
+
+
+def test_the_objects_of_a_manifest_that_size_its_group() -> None:
+    podgroup = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", "metadata": {"name": "pg"},
+                "spec": {"minMember": 3}}
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train"},
+           "spec": {"completionMode": "Indexed", "parallelism": 3, "template": TEMPLATE}}
+    jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "js"},
+              "spec": {"replicatedJobs": [{"name": "workers", "template": {"spec": job["spec"]}}]}}
+    text = "---\n".join(yaml.safe_dump(d) for d in (podgroup, job, jobset, workload("Deployment")))
+    sizers = group_sizers(text, "f.yaml", "team-a")
+    assert [(d["kind"], d["metadata"]["name"], d["metadata"]["namespace"]) for d in sizers] == [
+        ("PodGroup", "pg", "team-a"), ("Job", "train", "team-a"), ("Job", "js-workers-0", "team-a")]
+    sizes = {o.key: o.size for o in group_objects(sizers).objects.values()}
+    assert sizes == {"team-a/coscheduling/pg": 3, "team-a/job/train": 3, "team-a/job/js-workers-0": 3}
