@@ -145,10 +145,10 @@ def test_the_pods_an_example_makes_are_the_group_its_comment_names(example: Exam
 
 def test_the_examples_cover_every_way_to_declare_a_group() -> None:
     """An example for each convention of the user guide's table of groups, by its workload and the kind of group it
-    makes (none yet for 1.35's Workload, which 1.36 replaced)."""
+    makes."""
     ways = {(e.kind, e.group.key.split("/", 1)[0]) for e in GROUPED if e.group is not None}
     assert ways == {("Job", "group"), ("Job", "kueue"), ("LeaderWorkerSet", "leaderworkerset"), ("Job", "podgroup"),
-                    ("Job", "coscheduling"), ("Job", "job"), ("JobSet", "job")}
+                    ("Job", "workload"), ("Job", "coscheduling"), ("Job", "job"), ("JobSet", "job")}
 
 
 @pytest.mark.parametrize("example", GROUPED, ids=[e.name for e in GROUPED])

@@ -45,7 +45,9 @@ CRD = Path(__file__).with_name("coscheduling-podgroup-crd.yaml")
 CRD_NAME = "podgroups.scheduling.x-k8s.io"
 NO_CONTROLLER = "no {} controller runs on the test control planes (tests/test_example_groups.py makes its pods)"
 GATED = {"scheduling.k8s.io/v1alpha2": "Kubernetes 1.36's PodGroup is served only with alpha feature gates on "
-                                       "(tests/e2e/test_podgroups.py applies this example on such a control plane)"}
+                                       "(tests/e2e/test_podgroups.py applies this example on such a control plane)",
+         "scheduling.k8s.io/v1alpha1": "Kubernetes 1.35's Workload is served only with alpha feature gates on "
+                                       "(tests/e2e/test_workloads.py applies this example on such a control plane)"}
 
 
 def not_applied(example: Example) -> str | None:
