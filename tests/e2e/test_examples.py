@@ -22,7 +22,7 @@ on such a control plane).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -33,9 +33,10 @@ from tests.e2e.kube import ApiError, Kube, Obj, api_path, wait_for
 from tests.e2e.pods import Pods
 from tests.e2e.services import Service, Stack, pod_events
 from tests.e2e.test_dra import GROUP, dra_pools
-from tests.e2e.test_gangs import wait_plan
+from tests.e2e.test_gangs import bound_all, nodes_of, wait_plan
 from tests.e2e.test_scheduling import assert_bound_where_it_fits
-from tests.examples import Becomes, Example, examples
+from tests.examples import EXAMPLES as EXAMPLE_FOLDER
+from tests.examples import Becomes, Example, examples, load
 
 pytestmark = pytest.mark.e2e
 
@@ -218,3 +219,31 @@ def test_example_is_admitted_rewritten_and_bound_as_its_comment_says(example: Ex
             assert any(k.startswith("gpu-tailor.io/") for k in limits), limits
     finally:
         remove(cluster, example, pods)
+
+
+@contextmanager
+def group_example_bound(stack: Stack, pods: Pods, name: str, kind: str,
+                        made: list[str]) -> Iterator[tuple[Example, list[Obj]]]:
+    """``examples/<name>``, a group object of ``kind`` (kube-scheduler's own, named in ``made`` to be deleted after
+    the pods) and its workload, applied in one go with ``kubectl apply -f`` on a control plane that serves that kind:
+    the example, and its pods once all are bound, each rewritten as the comment says, the group's plan naming the
+    group and the size it says; what it made removed after."""
+    example = load(EXAMPLE_FOLDER / name)
+    said = example.group
+    assert said is not None and [d["kind"] for d in example.extra] == [kind]
+    group = example.extra[0]["metadata"]["name"]
+    made.append(group)
+    applied = stack.cp.kubectl("apply", "-n", stack.opted_in, "-f", str(example.path))
+    assert f"{kind.lower()}.scheduling.k8s.io/{group} created" in applied, applied
+    try:
+        ready = wait_for(partial(all_bound, stack, example), 60, f"the {example.replicas} pods of {name} bound",
+                         context=stack.context)
+        placed = bound_all(stack, pods, ready)
+        for pod in placed:
+            example.becomes["fixture nodes"].check(pod, f"{name}: pod {pod['metadata']['name']}")
+        plan = wait_plan(stack, pods, placed)
+        assert plan.group == said.key_in(stack.opted_in) and plan.size == said.size, plan
+        assert sorted(plan.nodes) == sorted(nodes_of(placed))
+        yield example, placed
+    finally:
+        remove(stack, example, pods)

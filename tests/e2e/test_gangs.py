@@ -173,6 +173,17 @@ def assert_sound(cluster: Stack) -> None:
     assert not problems, "\n".join(problems)
 
 
+def refusals(cluster: Stack, created: list[Obj]) -> list[str]:
+    """The last FailedScheduling reason of every pod of ``created``, once each has one."""
+
+    def all_refused() -> list[str]:
+        reasons = [failed_scheduling(cluster.kube, p) for p in created]
+        return [r[-1] for r in reasons] if all(reasons) else []
+
+    got: list[str] = wait_for(all_refused, 60, "a FailedScheduling event on every member", context=cluster.context)
+    return got
+
+
 def holders(pods: Pods, ns: str, where: dict[str, str]) -> list[Obj]:
     """Single pods bound first, to make cliques partly used: node -> how many GPUs."""
     made = [pods.create(ns, gpu_pod(unique("holder"), {labels.GPU_RESOURCE: gpus}, node=node))
@@ -214,13 +225,7 @@ def test_a_group_no_clique_holds_now_stays_pending_with_nothing_bound(cluster: S
     holders(pods, ns, {trays.by_clique["a"][0]: "1", trays.by_clique["b"][0]: "1"})  # a and b hold 17 now
     size = CLIQUES["a"]
     created = create_members(pods, ns, unique("wide"), size, range(size))
-
-    def all_refused() -> list[str]:
-        reasons = [failed_scheduling(cluster.kube, p) for p in created]
-        return [r[-1] for r in reasons] if all(reasons) else []
-
-    reasons = wait_for(all_refused, 60, "a FailedScheduling event on every member", context=cluster.context)
-    for reason in reasons:
+    for reason in refusals(cluster, created):
         assert NO_DOMAIN in reason and "the most any domain holds now is 17" in reason, reason
         assert "no pod of it is bound until all fit" in reason
     now = [pods.get(p) for p in created]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 
 import pytest
 
@@ -33,8 +32,8 @@ from tests.e2e.cluster import Release, install_node
 from tests.e2e.invariants import pending_reason
 from tests.e2e.kube import Obj, api_path, wait_for
 from tests.e2e.pods import Pods, gpu_pod, unique
-from tests.e2e.services import Stack, control_plane_with_gpu_tailor, failed_scheduling
-from tests.e2e.test_examples import all_bound, remove
+from tests.e2e.services import Stack, control_plane_with_gpu_tailor
+from tests.e2e.test_examples import group_example_bound
 from tests.e2e.test_gangs import (
     CLIQUES,
     FOUR,
@@ -47,10 +46,10 @@ from tests.e2e.test_gangs import (
     holders,
     nodes_of,
     plan_on,
+    refusals,
     tray,
     wait_plan,
 )
-from tests.examples import EXAMPLES, load
 
 pytestmark = pytest.mark.e2e
 
@@ -162,13 +161,7 @@ def test_a_podgroup_no_clique_holds_now_stays_pending_with_nothing_bound(gated: 
     group, size = unique("pg-wide"), CLIQUES["a"]  # as many GPUs as a clique has: admission lets it in
     create_podgroup(stack, podgroups, group, size)
     created = create_members(stack, pods, group, size)
-
-    def all_refused() -> list[str]:
-        reasons = [failed_scheduling(stack.kube, p) for p in created]
-        return [r[-1] for r in reasons] if all(reasons) else []
-
-    reasons = wait_for(all_refused, 60, "a FailedScheduling event on every member", context=stack.context)
-    for reason in reasons:  # gpu-tailor's, in kube-scheduler's event, whichever clique it tried last
+    for reason in refusals(stack, created):  # gpu-tailor's, in kube-scheduler's event, whichever clique it tried last
         assert NO_DOMAIN in reason and "the most any domain holds now is 17" in reason, reason
         assert "no pod of it is bound until all fit" in reason
     cond = wait_condition(stack, group, "False")
@@ -183,24 +176,8 @@ def test_the_podgroup_example_binds_whole_in_one_clique(gated: Gated, pods: Pods
     """The example's PodGroup and Job, applied in one go: its pods are rewritten as its comment says and bound whole,
     a tray each in one clique (the fixture nodes, where the comment places a pod alone, carry no clique)."""
     stack, trays = gated.stack, gated.trays
-    example = load(EXAMPLES / "podgroup-1-36.yaml")
-    said = example.group
-    assert said is not None and [d["kind"] for d in example.extra] == ["PodGroup"]
-    group = example.extra[0]["metadata"]["name"]
-    podgroups.append(group)  # deleted after the pods
-    applied = stack.cp.kubectl("apply", "-n", stack.opted_in, "-f", str(example.path))
-    assert f"podgroup.scheduling.k8s.io/{group} created" in applied, applied
-    try:
-        made = wait_for(partial(all_bound, stack, example), 60, f"the {example.replicas} pods of {example.path.name}"
-                        " bound", context=stack.context)
-        placed = bound_all(stack, pods, made)
-        for pod in placed:
-            example.becomes["fixture nodes"].check(pod, f"{example.path.name}: pod {pod['metadata']['name']}")
+    with group_example_bound(stack, pods, "podgroup-1-36.yaml", "PodGroup", podgroups) as (example, placed):
         assert_whole(trays, placed)
-        plan = wait_plan(stack, pods, placed)
-        assert plan.group == said.key_in(stack.opted_in) and plan.size == said.size, plan
-        assert sorted(plan.nodes) == sorted(nodes_of(placed))
+        group = example.extra[0]["metadata"]["name"]
         assert wait_condition(stack, group, "True").get("reason") == "Scheduled"
         assert_sound(stack)
-    finally:
-        remove(stack, example, pods)

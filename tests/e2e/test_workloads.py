@@ -15,16 +15,15 @@ releases these tests skip.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import partial
 
 import pytest
 
 from gpu_tailor.gpumodel import labels
 from tests.e2e.cluster import Release
-from tests.e2e.kube import Obj, api_path, wait_for
+from tests.e2e.kube import Obj, api_path
 from tests.e2e.pods import Pods, gpu_pod, unique
-from tests.e2e.services import Stack, control_plane_with_gpu_tailor, failed_scheduling
-from tests.e2e.test_examples import all_bound, remove
+from tests.e2e.services import Stack, control_plane_with_gpu_tailor
+from tests.e2e.test_examples import group_example_bound
 from tests.e2e.test_gangs import (
     CLIQUES,
     FOUR,
@@ -38,10 +37,10 @@ from tests.e2e.test_gangs import (
     installed,
     nodes_of,
     plan_on,
+    refusals,
     tray,
     wait_plan,
 )
-from tests.examples import EXAMPLES, load
 
 pytestmark = pytest.mark.e2e
 
@@ -129,43 +128,19 @@ def test_a_workloads_gang_no_clique_holds_stays_pending_with_nothing_bound(
     name, size = unique("wl-wide"), CLIQUES["a"]  # the size is in the Workload: admission cannot refuse it
     create_workload(stack, workloads, name, size)
     created = create_members(stack, pods, name, "r0", size)
-
-    def all_refused() -> list[str]:
-        reasons = [failed_scheduling(stack.kube, p) for p in created]
-        return [r[-1] for r in reasons] if all(reasons) else []
-
-    reasons = wait_for(all_refused, 60, "a FailedScheduling event on every member", context=stack.context)
-    for reason in reasons:
+    for reason in refusals(stack, created):
         assert NO_DOMAIN in reason and "the most any domain holds now is 17" in reason, reason
     now = [pods.get(p) for p in created]
     assert not [p["metadata"]["name"] for p in now if p["spec"].get("nodeName")], "a member was bound"
     assert plan_on(pods, created) is None  # no plan, nothing held
 
 
-def test_the_workload_example_binds_whole_in_one_clique(gated: tuple[Stack, Trays], pods: Pods,
+def test_the_workload_example_binds_whole_where_it_says(gated: tuple[Stack, Trays], pods: Pods,
                                                        workloads: list[str]) -> None:
     """The example's Workload and Job, applied in one go: its pods are left as its comment says and bound whole where
     it says, both on the HGX board, a domain of its own (1.35's Workload has no topology constraint to keep them to
     the cliques' trays, and the board holds the group in one domain)."""
     stack, _ = gated
-    example = load(EXAMPLES / "workload-1-35.yaml")
-    said = example.group
-    assert said is not None and [d["kind"] for d in example.extra] == ["Workload"]
-    name = example.extra[0]["metadata"]["name"]
-    workloads.append(name)  # deleted after the pods
-    applied = stack.cp.kubectl("apply", "-n", stack.opted_in, "-f", str(example.path))
-    assert f"workload.scheduling.k8s.io/{name} created" in applied, applied
-    try:
-        made = wait_for(partial(all_bound, stack, example), 60, f"the {example.replicas} pods of {example.path.name}"
-                        " bound", context=stack.context)
-        placed = bound_all(stack, pods, made)
-        becomes = example.becomes["fixture nodes"]
-        for pod in placed:
-            becomes.check(pod, f"{example.path.name}: pod {pod['metadata']['name']}")
-        assert set(nodes_of(placed)) <= set(becomes.nodes), nodes_of(placed)
-        plan = wait_plan(stack, pods, placed)
-        assert plan.group == said.key_in(stack.opted_in) and plan.size == said.size, plan
-        assert sorted(plan.nodes) == sorted(nodes_of(placed))
+    with group_example_bound(stack, pods, "workload-1-35.yaml", "Workload", workloads) as (example, placed):
+        assert set(nodes_of(placed)) <= set(example.becomes["fixture nodes"].nodes), nodes_of(placed)
         assert_sound(stack)
-    finally:
-        remove(stack, example, pods)
