@@ -107,8 +107,9 @@ class Plan:
                            "slots": [[s.node, list(s.gpus), s.member] for s in self.slots]}, separators=(",", ":"))
 
     def reservation(self, i: int) -> str:
-        ns = self.ref.key.split("/", 1)[0]
-        return f"{ns}/{RESERVED}{self.ref.key.split('/', 1)[1].replace('/', '-')}#{i}"
+        # ":" joins the key's parts: no Kubernetes name holds one, so two groups never share a reservation
+        ns, rest = self.ref.key.split("/", 1)
+        return f"{ns}/{RESERVED}{rest.replace('/', ':')}#{i}"
 
 
 @dataclass
@@ -212,11 +213,11 @@ class GroupBook:
             rows = self.placements[ref.key].rows(fleet)
         offers = [(r, v) for r in rows if (ns := books.nodes.get(fleet.names[r])) is not None
                   and not isinstance(v := inventory_verdict(ns.inventory, demand), Fit)]
-        # Where DRA serves the ask too (a DeviceClass's extendedResourceName), kube-scheduler's DynamicResources
-        # allocates each pod's devices itself, where the extender cannot hold them: a group it cannot plan on the
-        # device-plugin nodes is left to kube-scheduler pod by pod rather than refused.
-        dra_too = books.dra.enabled and demand.resource in books.dra.extended()
-        if not offers and dra_too:
+        # Where no device-plugin node serves the ask and DRA does (a DeviceClass's extendedResourceName),
+        # kube-scheduler's DynamicResources allocates each pod's devices itself, where the extender cannot hold them:
+        # the group is left to kube-scheduler pod by pod rather than refused. Where device-plugin nodes serve it, the
+        # group is planned there, or refused, as without DRA.
+        if not offers and books.dra.enabled and demand.resource in books.dra.extended():
             return None
         if not offers:
             return f"{ref.name}: no node serves {demand.units} x {demand.resource} to each of its pods"
@@ -236,7 +237,7 @@ class GroupBook:
         if chosen is None and not healthy.all():
             chosen = gangs.plan(policy, gang, self.mix, rows)
         if chosen is None:
-            return None if dra_too else self._why_not(fleet, gang, ref, demand, rows)
+            return self._why_not(fleet, gang, ref, demand, rows)
         domain = fleet.domain_names[chosen.domain] if chosen.domain >= 0 else ""
         if here is not None:
             if chosen.domain != here:

@@ -185,3 +185,13 @@ def test_a_group_of_native_asks_only_dra_serves_is_left_to_kube_scheduler_not_re
     plain = cluster([], extra_nodes=[plain_node(n) for n in DRA_NODES])  # no DRA: nothing serves it there
     answer = plain.group_answer(pod, demand, DRA_NODES)
     assert answer is not None and answer.node is None and "no node serves 2 x nvidia.com/gpu" in answer.reason
+
+
+def test_a_group_device_plugin_nodes_serve_is_refused_there_whole_not_left_to_dra() -> None:
+    """Where device-plugin nodes serve the ask, the group is planned there, or refused, as without DRA: its pods are
+    never placed one by one over device-plugin nodes because DRA serves the resource elsewhere."""
+    group = {labels.ANN_GROUP: "trio", labels.ANN_GROUP_SIZE: "3", labels.ANN_GROUP_DOMAIN: "required"}
+    pod = gpu_pod("trio-0", 4, annotations=group)
+    names = [*NODE_NAMES, *DRA_NODES]
+    answer = dra_cache().group_answer(pod, wire.extender_args(body(pod, names)).demand, names)
+    assert answer is not None and answer.node is None and "fits in no NVLink domain as a whole" in answer.reason

@@ -338,3 +338,14 @@ def test_a_members_gpus_are_predicted_as_the_device_plugin_sees_the_node_not_the
     assert seen is not None and set(other) <= set(seen.maybe), seen
     # a single 2-GPU pod still finds no room on the tray: the second member's GPUs are held
     assert node not in filtered(cache, gpu_pod("single", 2))[0]
+
+
+def test_two_groups_whose_names_join_alike_hold_apart() -> None:
+    """A Workload's group key has more parts than others; joined with "-" two groups could share a reservation."""
+    from gpu_tailor.extender.gangbook import Plan
+    from gpu_tailor.gpumodel.groups import GroupRef
+    from gpu_tailor.gpumodel.schedule import Demand
+
+    keys = ["ns/workload/a-b/c", "ns/workload/a/b-c", "ns/workload/train/workers/0", "ns/workload/train/workers-0"]
+    held = {Plan(GroupRef(k, k, 2), Demand("ns/p"), "", [], 0.0, "ns/p").reservation(0) for k in keys}
+    assert len(held) == len(keys)
