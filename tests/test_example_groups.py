@@ -14,7 +14,8 @@ The pods are made here the way each controller makes them, with the labels and a
   annotation ``leaderworkerset.sigs.k8s.io/size``.
 
 The end-to-end suite has no JobSet or LeaderWorkerSet controller, so this is where their examples are held to their
-comments; the others are applied there too (``tests/e2e/test_examples.py``, ``test_podgroups.py``).
+comments; the others are applied there too (``tests/e2e/test_examples.py``, ``test_podgroups.py``,
+``test_workloads.py``).
 """
 
 from __future__ import annotations
@@ -63,14 +64,15 @@ def job_pods(job: Obj) -> list[Obj]:
 
 
 def jobset_jobs(jobset: Obj) -> list[Obj]:
-    """The child Jobs JobSet makes: one per replica of each replicated Job, its pod template labelled with the JobSet,
-    the replicated Job and the Job's index."""
+    """The child Jobs JobSet makes: one per replica of each replicated Job, Indexed unless it says otherwise (JobSet's
+    webhook defaults the completion mode), its pod template labelled with the JobSet, the replicated Job and the Job's
+    index."""
     name, jobs = jobset["metadata"]["name"], []
     for replicated in jobset["spec"]["replicatedJobs"]:
         for i in range(replicated.get("replicas", 1)):
             job = {"apiVersion": "batch/v1", "kind": "Job",
                    "metadata": {"name": f"{name}-{replicated['name']}-{i}", "namespace": NS},
-                   "spec": copy.deepcopy(replicated["template"]["spec"])}
+                   "spec": {"completionMode": "Indexed", **copy.deepcopy(replicated["template"]["spec"])}}
             meta = job["spec"]["template"].setdefault("metadata", {})
             meta["labels"] = {**(meta.get("labels") or {}), labels.JOBSET_NAME: name,
                               labels.JOBSET_REPLICATED_JOB: replicated["name"], labels.JOBSET_JOB_INDEX: str(i)}
@@ -161,5 +163,5 @@ def test_explain_names_the_group_an_example_makes(example: Example, capsys: pyte
     assert main(["explain", "-f", str(example.path), "-n", NS, "--cluster-file", str(dump), "-o", "json"]) == 0
     notes = json.loads(capsys.readouterr().out)["notes"]
     kind, name = said.key.split("/", 1)
-    named = [n for n in notes if f"{kind} {NS}/{name}" in n]
-    assert named and any(f"{said.size} pods" in n for n in named), notes
+    group = f"{kind} {NS}/{name}"  # planned ("<group>: 2 pods (...)") or refused ("<group> (2 pods of ...)")
+    assert any(f"{group}: {said.size} pods (" in n or f"{group} ({said.size} pods of" in n for n in notes), notes

@@ -93,11 +93,14 @@ def _at(doc: Any, path: tuple[str | int, ...]) -> Any:
     return doc
 
 
-def _child_job(doc: Obj, name: str) -> tuple[str, Any]:
-    """A JobSet's first child Job, as JobSet names it (``<jobset>-<replicated job>-0``), and its spec."""
+def _child_job(doc: Obj, name: str) -> tuple[str, Obj]:
+    """A JobSet's first child Job, as JobSet names it (``<jobset>-<replicated job>-0``), and its spec, Indexed unless
+    it says otherwise (JobSet's webhook defaults a child Job's completion mode to Indexed)."""
     replicated = _at(doc, ("spec", "replicatedJobs", 0))
     replicated = replicated if isinstance(replicated, dict) else {}
-    return f"{name}-{replicated.get('name', '')}-0", _at(replicated, ("template", "spec"))
+    spec = _at(replicated, ("template", "spec"))
+    spec = {"completionMode": "Indexed", **spec} if isinstance(spec, dict) else {"completionMode": "Indexed"}
+    return f"{name}-{replicated.get('name', '')}-0", spec
 
 
 def _controller_labels(kind: str, doc: Obj, name: str) -> dict[str, str]:
@@ -124,19 +127,25 @@ def _controller_annotations(kind: str, doc: Obj) -> dict[str, str]:
     return {}
 
 
+# the kinds of document that may size a group of pods (``kube.groupobjects.SOURCES``'s, a JobSet for its child Job)
+SIZERS = ("PodGroup", "Workload", "Job", "JobSet")
+
+
 def group_sizers(text: str, source: str, namespace: str) -> list[Obj]:
-    """The objects of the manifest the extender may read a group's size from once applied, in ``namespace``: every
-    document but its Pods and workloads (a PodGroup, a Workload), its Jobs, and a JobSet's first child Job."""
+    """The objects of the manifest the extender may read a group's size from once applied: its PodGroups, Workloads
+    and Jobs, and a JobSet's first child Job; in the namespace each names, else ``namespace`` (the pod's)."""
     out = []
     for doc in documents(text, source):
-        kind, meta = str(doc.get("kind", "")), doc.get("metadata") or {}
-        name = str(meta.get("name") or "workload")
-        if kind == "JobSet":
-            child, spec = _child_job(doc, name)
-            doc = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": child}, "spec": spec or {}}
-        elif kind == "Pod" or (kind in TEMPLATES and kind != "Job"):
+        kind, meta = str(doc.get("kind", "")), doc.get("metadata")
+        if kind not in SIZERS:
             continue
+        if not isinstance(meta, dict) or not meta.get("name"):
+            raise ManifestError(f"{source}: a {kind} without metadata.name")
+        if kind == "JobSet":
+            child, spec = _child_job(doc, str(meta["name"]))
+            doc = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": child, **(
+                {"namespace": meta["namespace"]} if meta.get("namespace") else {})}, "spec": spec}
         doc = copy.deepcopy(doc)
-        doc.setdefault("metadata", {})["namespace"] = namespace
+        doc["metadata"]["namespace"] = doc["metadata"].get("namespace") or namespace
         out.append(doc)
     return out

@@ -43,7 +43,7 @@ class Cluster:
     notes: list[str] = field(default_factory=list)
     dra: DraState = field(default_factory=lambda: DraState(enabled=False))  # ResourceSlices, claims, classes
     reports: list[Obj] = field(default_factory=list)  # the node agents' NodeGPUReports
-    groups: GroupObjects = field(default_factory=GroupObjects)  # the objects that size groups of pods (PodGroups, Jobs)
+    groups: GroupObjects = field(default_factory=GroupObjects)  # what sizes groups of pods: PodGroups, Workloads, Jobs
 
 
 def load_dump(path: str) -> Cluster:
@@ -178,6 +178,7 @@ async def _read_live(given: str | None, context: str | None, namespace: str | No
 
 async def _read_groups(custom: Any, notes: list[str]) -> GroupObjects:
     """The group objects the API server serves (those the extender watches; 404: not served, nothing to say)."""
+    import aiohttp
     from kubernetes_asyncio.client.exceptions import ApiException
 
     from gpu_tailor.kube.groupobjects import SOURCES
@@ -192,7 +193,7 @@ async def _read_groups(custom: Any, notes: list[str]) -> GroupObjects:
                 notes.append(f"{plural} ({group}/{version}) could not be read (HTTP {exc.status}: {exc.reason}): "
                              "groups sized by them are taken as single pods")
             continue
-        except (TimeoutError, OSError) as exc:
+        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
             notes.append(f"{plural} ({group}/{version}) could not be read ({exc}): groups sized by them are taken "
                          "as single pods")
             continue

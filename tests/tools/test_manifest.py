@@ -92,3 +92,27 @@ def test_the_objects_of_a_manifest_that_size_its_group() -> None:
         ("PodGroup", "pg", "team-a"), ("Job", "train", "team-a"), ("Job", "js-workers-0", "team-a")]
     sizes = {o.key: o.size for o in group_objects(sizers).objects.values()}
     assert sizes == {"team-a/coscheduling/pg": 3, "team-a/job/train": 3, "team-a/job/js-workers-0": 3}
+
+
+def test_a_jobsets_child_job_is_indexed_unless_it_says_otherwise() -> None:
+    """JobSet's webhook defaults a child Job's completion mode to Indexed: explain reads the group as the extender
+    reads it from the Job JobSet makes."""
+    child_spec = {"parallelism": 4, "template": TEMPLATE}  # no completionMode
+    jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "js"},
+              "spec": {"replicatedJobs": [{"name": "w", "template": {"spec": child_spec}}]}}
+    text = yaml.safe_dump(jobset)
+    pod, _ = pod_of(text, "js.yaml", "team-a", "default")
+    ref = group_of(pod)
+    assert ref is not None and ref.key == "team-a/job/js-w-0"
+    (child,) = group_sizers(text, "js.yaml", "team-a")
+    assert child["spec"]["completionMode"] == "Indexed"
+    assert group_objects([child]).objects["team-a/job/js-w-0"].size == 4
+
+
+def test_documents_that_size_no_group_are_passed_over_and_a_nameless_sizer_is_said() -> None:
+    elsewhere = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
+                 "metadata": {"name": "pg", "namespace": "ml"}, "spec": {"minMember": 2}}
+    text = "kind: ConfigMap\nmetadata:\n---\nkind: Service\nmetadata: plain\n---\n" + yaml.safe_dump(elsewhere)
+    assert [d["metadata"]["namespace"] for d in group_sizers(text, "f.yaml", "team-a")] == ["ml"]  # its own kept
+    with pytest.raises(ManifestError, match=r"a PodGroup without metadata\.name"):
+        group_sizers("kind: PodGroup\nmetadata:\n", "f.yaml", "team-a")
