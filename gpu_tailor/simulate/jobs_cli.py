@@ -241,8 +241,10 @@ def run_jobs(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": [
             {"fleet": kind, "scheduler": r.scheduler, "seed": r.seed, "jobs": r.jobs, "gangs": r.gangs,
-             "gangs_whole": r.gangs_whole, "gangs_by_capacity": list(r.gangs_by_capacity), "split": r.split,
-             "spread": r.spread, "alloc": r.alloc, "useful": r.useful, "held": r.held, "never": r.never,
+             "gangs_whole": r.gangs_whole,
+             "gangs_by_capacity": None if args.durations else list(r.gangs_by_capacity),  # the arrivals' 100% mark
+             "split": r.split, "spread": r.spread, "alloc": r.alloc, "useful": r.useful, "held": r.held,
+             "never": r.never,
              "wait_p50_s": r.wait(50), "wait_p90_s": r.wait(90)} for kind, r in runs]}, indent=1) + "\n")
         print(f"wrote {args.json}")
     return 0

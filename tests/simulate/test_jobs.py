@@ -170,8 +170,10 @@ def test_simulate_jobs_prints_one_row_per_fleet_and_scheduler(
     rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0] in jobfleets.FLEETS]
     assert [(r[0], r[1]) for r in rows] == [(f, s) for f in fleets for s in jobs.SCHEDULERS]
     assert ("wait p90 min" in out) == ("--durations" in extra)
+    assert ("whole/arrived @100%" in out) != ("--durations" in extra)  # the mark is the arrivals'
     runs = json.loads(out_json.read_text())["runs"]
     assert len(runs) == len(rows)
+    assert all((r["gangs_by_capacity"] is None) == ("--durations" in extra) for r in runs)
     assert all(r["split"] == 0 and r["held"] == 0 for r in runs if r["scheduler"] == "gpu-tailor")
 
 
