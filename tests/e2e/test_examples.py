@@ -15,8 +15,8 @@ module installs a stand-in written for these tests (``coscheduling-podgroup-crd.
 
 Not applied here, each skipped with the reason: the JobSet and LeaderWorkerSet examples (no such controller on these
 control planes; ``tests/test_example_groups.py`` makes their pods as those controllers would and reads their groups)
-and 1.36's PodGroup (served only with alpha feature gates on; ``tests/e2e/test_podgroups.py`` applies that example
-on such a control plane).
+1.36's PodGroup and 1.35's Workload (served only with alpha feature gates on; ``tests/e2e/test_podgroups.py`` and
+``test_workloads.py`` apply those examples on such control planes).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ async def test_each_nvlink_domain_says_its_gpus_and_the_largest_group_that_still
              if s.name == "gpu_tailor_pool_gpus"}
     models = {s.labels["model"] for f in text_string_to_metric_families(text) for s in f.samples
               if s.name.startswith("gpu_tailor_domain_")}
-    assert models and models <= pools  # each domain joins its pool's gauges by model
+    assert models == {"GB200"} <= pools  # the trays' product as the pools name it: a domain joins its pool by model
     assert got[("gpu_tailor_domain_gpus", busy, "")] == 16
     assert got[("gpu_tailor_domain_gpus_idle", busy, "")] == 14
     assert got[("gpu_tailor_domain_whole_nodes", busy, "")] == 3
