@@ -70,9 +70,9 @@ def jobset_jobs(jobset: Obj) -> list[Obj]:
     name, jobs = jobset["metadata"]["name"], []
     for replicated in jobset["spec"]["replicatedJobs"]:
         for i in range(replicated.get("replicas", 1)):
-            job = {"apiVersion": "batch/v1", "kind": "Job",
-                   "metadata": {"name": f"{name}-{replicated['name']}-{i}", "namespace": NS},
-                   "spec": {"completionMode": "Indexed", **copy.deepcopy(replicated["template"]["spec"])}}
+            spec: Obj = {"completionMode": "Indexed", **copy.deepcopy(replicated["template"]["spec"])}
+            job: Obj = {"apiVersion": "batch/v1", "kind": "Job",
+                        "metadata": {"name": f"{name}-{replicated['name']}-{i}", "namespace": NS}, "spec": spec}
             meta = job["spec"]["template"].setdefault("metadata", {})
             meta["labels"] = {**(meta.get("labels") or {}), labels.JOBSET_NAME: name,
                               labels.JOBSET_REPLICATED_JOB: replicated["name"], labels.JOBSET_JOB_INDEX: str(i)}
