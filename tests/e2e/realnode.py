@@ -50,6 +50,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.occupancy import parse_gpu_annotation
 from gpu_tailor.gpumodel.report import parse_time
 from tests.conftest import free_port
 from tests.e2e import images
@@ -727,6 +728,26 @@ def recorded(kube: Kube, pods: list[Obj], metrics: Callable[[], str],
     wait_for(lambda: sample(metrics(), "gpu_tailor_extender_records_pending") == 0, 60,
              "the extender to write the records of the pods it scored", interval=0.2, context=context)
     return [kube.get(api_path("pods", p["metadata"]["namespace"], p["metadata"]["name"])) for p in pods]
+
+
+def given_as_recorded(pod: Obj, given: dict[str, tuple[int, ...]], where: str = "") -> str:
+    """The GPUs the kubelet gave ``pod`` (``given``: by namespace/name) are those bind recorded on it, or within the
+    set it recorded where the device plugin picks (``gpu-tailor.io/gpus-among``); a line saying which, for the log.
+    ``where``: more of the pod for the messages (its node)."""
+    key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+    notes = pod["metadata"].get("annotations") or {}
+    recorded = parse_gpu_annotation(str(notes.get(labels.ANN_GPUS, "")))
+    among = parse_gpu_annotation(str(notes.get(labels.ANN_GPUS_AMONG, "")))
+    assert recorded is not None, f"{key}{where}: bind recorded no GPUs ({notes})"
+    got = given.get(key)
+    assert got is not None and len(got) == len(recorded), f"{key}{where}: the kubelet gave {got}, bind recorded " \
+                                                          f"{recorded}"
+    if among:
+        assert set(got) <= set(among), f"{key}{where}: the kubelet gave GPUs {got}, outside the set {among} recorded"
+    else:
+        assert sorted(got) == sorted(recorded), f"{key}{where}: the kubelet gave GPUs {got}, bind recorded {recorded}"
+    return (f"{key}{where}: recorded {recorded} among {among or '-'}, given {got}, "
+            f"{'exact' if sorted(got) == sorted(recorded) else 'within the set'}")
 
 
 def wait_report_held(kube: Kube, node: str, metrics: Callable[[], str],

@@ -168,6 +168,18 @@ def assert_whole(trays: Trays, placed: list[Obj]) -> str:
     return cliques.pop()
 
 
+def assert_landed(cluster: Stack, pods: Pods, trays: Trays, created: list[Obj], clique: str, held: list[str],
+                  group: str) -> None:
+    """``created`` bound whole in ``clique``, on none of its trays ``held`` (single pods hold them), and the plan
+    written for ``group`` (its key) in that clique's domain, naming the trays they run on."""
+    placed = bound_all(cluster, pods, created)
+    assert assert_whole(trays, placed) == clique
+    assert not set(nodes_of(placed)) & set(held)
+    plan = wait_plan(cluster, pods, created)
+    assert plan.group == group and plan.domain.endswith(f".{ord(clique) - ord('a')}")
+    assert sorted(plan.nodes) == sorted(nodes_of(placed))
+
+
 def assert_sound(cluster: Stack) -> None:
     problems = cluster_problems(cluster.kube)
     assert not problems, "\n".join(problems)
@@ -200,12 +212,7 @@ def test_a_group_lands_whole_in_the_partly_used_clique_that_holds_it(cluster: St
     holders(pods, ns, {used[0]: "4", used[1]: "4", used[2]: "2"})  # clique a: 15 trays whole, one half used
     group = unique("train")
     created = create_members(pods, ns, group, 6, range(6))
-    placed = bound_all(cluster, pods, created)
-    assert assert_whole(trays, placed) == "a"  # a clique in use before an untouched one
-    assert not set(nodes_of(placed)) & set(used[:3])
-    plan = wait_plan(cluster, pods, created)
-    assert plan.group == f"{ns}/group/{group}" and plan.domain.endswith(".0")
-    assert sorted(plan.nodes) == sorted(nodes_of(placed))
+    assert_landed(cluster, pods, trays, created, "a", used[:3], f"{ns}/group/{group}")  # in use before untouched
     assert_sound(cluster)
 
 

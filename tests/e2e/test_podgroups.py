@@ -40,15 +40,13 @@ from tests.e2e.test_gangs import (
     GANG,
     NO_DOMAIN,
     Trays,
+    assert_landed,
     assert_sound,
     assert_whole,
-    bound_all,
     holders,
-    nodes_of,
     plan_on,
     refusals,
     tray,
-    wait_plan,
 )
 
 pytestmark = pytest.mark.e2e
@@ -143,12 +141,7 @@ def test_a_podgroup_lands_whole_in_the_partly_used_clique_that_holds_it(gated: G
     group = unique("pg")
     create_podgroup(stack, podgroups, group, 6)
     created = create_members(stack, pods, group, 6)
-    placed = bound_all(stack, pods, created)
-    assert assert_whole(trays, placed) == "b"  # a clique in use before an untouched one
-    assert not set(nodes_of(placed)) & set(used[:3])
-    plan = wait_plan(stack, pods, created)
-    assert plan.group == f"{stack.opted_in}/podgroup/{group}" and plan.domain.endswith(".1")
-    assert sorted(plan.nodes) == sorted(nodes_of(placed))
+    assert_landed(stack, pods, trays, created, "b", used[:3], f"{stack.opted_in}/podgroup/{group}")  # in use first
     cond = wait_condition(stack, group, "True")
     assert cond.get("reason") == "Scheduled", cond
     assert_sound(stack)

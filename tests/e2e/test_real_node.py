@@ -130,20 +130,7 @@ def check(real: Real, node: str, pods: list[Obj]) -> None:
     free no GPU the node gave away; with agents, the report settles each pod on what it holds, contradicting none."""
     pods = realnode.recorded(real.kube, pods, functools.partial(metrics, real), context=lambda: context(real))
     given = real.nodes[node].allocated()
-    for pod in pods:
-        key = f"{OPTED_IN}/{pod['metadata']['name']}"
-        notes = pod["metadata"].get("annotations") or {}
-        recorded = parse_gpu_annotation(str(notes.get(labels.ANN_GPUS, "")))
-        among = parse_gpu_annotation(str(notes.get(labels.ANN_GPUS_AMONG, "")))
-        assert recorded is not None, f"{key}: bind recorded no GPUs ({notes})"
-        got = given.get(key)
-        assert got is not None and len(got) == len(recorded), f"{key}: the kubelet gave {got}, bind recorded {recorded}"
-        if among:
-            assert set(got) <= set(among), f"{key}: the kubelet gave GPUs {got}, outside the set {among} recorded"
-        else:
-            assert sorted(got) == sorted(recorded), f"{key}: the kubelet gave GPUs {got}, bind recorded {recorded}"
-        real.seen.append(f"{key}: recorded {recorded} among {among or '-'}, given {got}, "
-                         f"{'exact' if sorted(got) == sorted(recorded) else 'within the set'}")
+    real.seen.extend(realnode.given_as_recorded(pod, given) for pod in pods)
     held = {g for gpus in given.values() for g in gpus}
     if real.agents:
         wait_for(lambda: _reported(real, node, given), 30, f"{node}'s report naming what its pods hold",

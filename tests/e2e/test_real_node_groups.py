@@ -35,7 +35,6 @@ import yaml
 
 from gpu_tailor.extender.cache import Cache
 from gpu_tailor.gpumodel import labels
-from gpu_tailor.gpumodel.occupancy import parse_gpu_annotation
 from gpu_tailor.tools.source import read_live
 from tests.e2e import realnode
 from tests.e2e.cluster import OPTED_IN, Release
@@ -195,21 +194,8 @@ def check(racks: Racks, nodes: set[str]) -> None:
         given = racks.nodes[node].allocated()
         here = [p for p in pods if p["spec"]["nodeName"] == node]
         assert sorted(given) == sorted(f"{OPTED_IN}/{p['metadata']['name']}" for p in here), (node, given)
-        for pod in here:
-            key = f"{OPTED_IN}/{pod['metadata']['name']}"
-            notes = pod["metadata"].get("annotations") or {}
-            recorded = parse_gpu_annotation(str(notes.get(labels.ANN_GPUS, "")))
-            among = parse_gpu_annotation(str(notes.get(labels.ANN_GPUS_AMONG, "")))
-            assert recorded is not None, f"{key}: bind recorded no GPUs ({notes})"
-            got = given[key]
-            assert len(got) == len(recorded), f"{key} on {node}: the kubelet gave {got}, bind recorded {recorded}"
-            if among:
-                assert set(got) <= set(among), f"{key} on {node}: the kubelet gave {got}, outside the set {among}"
-            else:
-                assert sorted(got) == sorted(recorded), f"{key} on {node}: the kubelet gave {got}, bind recorded " \
-                                                        f"{recorded}"
-            racks.seen.append(f"{key} on {node} ({racks.cliques[node]}): recorded {recorded} among {among or '-'}, "
-                              f"given {got}, {'exact' if sorted(got) == sorted(recorded) else 'within the set'}")
+        racks.seen.extend(realnode.given_as_recorded(pod, given, f" on {node} ({racks.cliques[node]})")
+                          for pod in here)
         wait_for(functools.partial(_reported, racks, node, given), 30, f"{node}'s report naming what its pods hold",
                  interval=0.5, context=lambda: context(racks))
         realnode.wait_report_held(racks.kube, node, functools.partial(metrics, racks), context=lambda: context(racks))
