@@ -38,6 +38,7 @@ import yaml
 
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.gangs import PREFERRED
+from gpu_tailor.tools import manifest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -45,15 +46,9 @@ Setting = Literal["fixture nodes", "DRA pools"]
 _BLOCK = re.compile(r"^# On (?:the )?(fixture nodes|DRA pools)\b[^\n]*becomes:\n((?:#   [^\n]*\n)+)", re.M)
 _GROUP = re.compile(r"^# Its pods are one group\b[^\n]*:\n((?:#   [^\n]*\n)+)", re.M)
 _LINE = re.compile(r"^#   ([\w./-]+): (.+)$")
-# the kinds that make pods -> where their pod template is (a JobSet's: its first replicated Job's; a LeaderWorkerSet's:
-# its workers', which its leader shares unless it has a template of its own)
-TEMPLATES: dict[str, tuple[str | int, ...]] = {
-    "Pod": (),
-    "Deployment": ("spec", "template"),
-    "Job": ("spec", "template"),
-    "JobSet": ("spec", "replicatedJobs", 0, "template", "spec", "template"),
-    "LeaderWorkerSet": ("spec", "leaderWorkerTemplate", "workerTemplate"),
-}
+# the kinds that make pods -> where their pod template is: explain's (a JobSet's: its first replicated Job's; a
+# LeaderWorkerSet's: its workers', which its leader shares unless it has a template of its own)
+TEMPLATES: dict[str, tuple[str | int, ...]] = {"Pod": (), **manifest.TEMPLATES}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Each example that declares a group: the pods its controllers make fall in the group its comment names, of the size
 and with the NVLink-domain ask it says, as the extender reads them (``gpumodel.groups.group_of`` on each pod, sized by
-the group objects it watches, read by its own readers, ``kube.groupobjects.SOURCES``).
+the group objects it watches, read by its own readers: ``tools.source.group_objects``).
 
 The pods are made here the way each controller makes them, with the labels and annotations it sets:
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +30,9 @@ import pytest
 
 from gpu_tailor.cli import main
 from gpu_tailor.gpumodel import labels
-from gpu_tailor.gpumodel.groups import GroupObjects, Reader, group_of, resolved
+from gpu_tailor.gpumodel.groups import group_of, resolved
 from gpu_tailor.gpumodel.schedule import DOMAIN_LABELS
-from gpu_tailor.kube.groupobjects import SOURCES
+from gpu_tailor.tools.source import group_objects
 from tests.examples import Example, examples
 
 Obj = dict[str, Any]
@@ -118,22 +117,12 @@ def made(example: Example) -> tuple[list[Obj], list[Obj]]:
     raise AssertionError(f"{example.path.name}: no pods made here for a {example.kind}")
 
 
-def watched(objects: list[Obj]) -> Iterator[tuple[str, Reader, Obj]]:
-    """Each object the extender lists and watches, with its kind and reader there (``SOURCES``)."""
-    for obj in objects:
-        for kind, group, version, plural, read in SOURCES:
-            if obj["apiVersion"] == f"{group}/{version}" and f"{obj['kind'].lower()}s" == plural:
-                yield kind, read, obj
-
-
 @pytest.mark.parametrize("example", GROUPED, ids=[e.name for e in GROUPED])
 def test_the_pods_an_example_makes_are_the_group_its_comment_names(example: Example) -> None:
     said = example.group
     assert said is not None
     pods, objects = made(example)
-    store = GroupObjects()
-    for kind, read, obj in watched(objects):
-        store.apply(kind, read, "ADDED", obj)
+    store = group_objects(objects)  # as the extender's watches keep them
     refs = []
     for pod in pods:
         ref = group_of(pod)
