@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from gpu_tailor.extender.draholds import claim_ladders, held_free
 from gpu_tailor.extender.gangbook import Answer, GroupBook, reserved
 from gpu_tailor.extender.ledger import REPORT_STALE, Ledger
 from gpu_tailor.extender.records import (
@@ -65,9 +66,10 @@ from gpu_tailor.extender.relist import NodeRelist, PodRelist, at_once
 from gpu_tailor.extender.scores import node_order
 from gpu_tailor.extender.snapshot import NodeInfo, Snapshot, Verdicts
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.devices.dra import fleet_shape
 from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.gpumodel.dra_usage import gpu_column
-from gpu_tailor.gpumodel.fleet import Fleet
+from gpu_tailor.gpumodel.fleet import PICK_FIRST, Fleet
 from gpu_tailor.gpumodel.groups import GroupError, GroupObjects, group_of, resolved
 from gpu_tailor.gpumodel.inventory import HealthState
 from gpu_tailor.gpumodel.occupancy import Placement
@@ -84,6 +86,11 @@ ASSUMED_TTL = 30.0  # seconds an accepted Binding may go unseen by the watch bef
 SCORED_TTL = 10.0
 KEPT_PENDING = 512  # pods asked about and not yet seen by the watch (least recently asked dropped first)
 KEPT_DELETED = 4096  # uids of deleted pods kept: a request about one after its deletion counts nothing
+
+
+def _claimed(pod: dict[str, Any]) -> bool:
+    """Whether the webhook sent the pod's GPUs to DRA pools (its claim is the allocator's to fill)."""
+    return str(((pod.get("metadata") or {}).get("annotations") or {}).get(labels.ANN_BACKING, "")).startswith("dra:")
 
 
 class Cache(Ledger):
@@ -135,7 +142,7 @@ class Cache(Ledger):
         self._dra_changed()
         self.refresh()
         return Snapshot(self._view, self.fleet, self.policy, frozenset(self._degraded), self.verdicts, self.ready,
-                        self.dra, self._last_generation, self.node_layout)
+                        self.dra, self._last_generation, self.node_layout, self.groups.dra.by_node)
 
     def _dra_changed(self) -> None:
         """After DRA slices or claims change, the fleet rows of the nodes they changed are written again: their GPUs
@@ -189,6 +196,9 @@ class Cache(Ledger):
         row = fleet_row(copy, self.domain_keys)
         if name in self._dra_nodes:  # its GPUs may be DRA devices
             row = dra_row(row, gpu_column(self.dra.inventory().on_node(name), self.dra.usage()), inv)
+            held = self.groups.dra.by_node.get(name)
+            if held and row.pick == PICK_FIRST:  # the devices group plans hold for members still to come
+                row = replace(row, gpu_free=held_free(row.gpu_free, held.values()))
         at = self.fleet.upsert(name, row.cpu_free, row.mem_free_mib, row.gpu_free, row.model, row.topology,
                                cpu_capacity=row.cpu_capacity, pick=row.pick, step=row.step, domain=row.domain)
         self.fleet.rank[at] = node_order(name)  # ties go by a fixed node order (extender/scores.py)
@@ -340,8 +350,9 @@ class Cache(Ledger):
             self.groups.bound(self, uid, rec.node)
         elif not rec.node and not waiting(obj) and uid in self.groups.settled_in:  # a member finished
             self.groups.gone(uid)
-        elif rec.demand.gpu and (labels.ANN_GROUP_PLAN in ((obj.get("metadata") or {}).get("annotations") or {})
-                                 or (rec.node and self.groups.plans)):
+        elif (rec.demand.gpu or _claimed(obj)) and (
+                labels.ANN_GROUP_PLAN in ((obj.get("metadata") or {}).get("annotations") or {})
+                or (rec.node and self.groups.plans)):
             self._restore_plan(obj, rec)  # a plan written on this pod (bound or not), or a member bound before it
         self._add(rec)
         if record:
@@ -350,8 +361,10 @@ class Cache(Ledger):
 
     def group_answer(self, pod: dict[str, Any], demand: Demand, candidates: list[str] | None = None) -> Answer | None:
         """For a member of a group (``groups.group_of``) of a GPU pod: the one node it may go to, its group planned
-        first where no plan is held (``GroupBook.answer``), or why none; None for any other pod."""
-        if not demand.gpu or not self.ready:
+        first where no plan is held (``GroupBook.answer``), or why none; None for any other pod. A GPU pod is one
+        with a native ask, or with a claim on DRA pools of whole GPUs or of a share of one (a claim of MIG devices is
+        left to kube-scheduler's allocator pod by pod)."""
+        if not self.ready or (not demand.gpu and not _claimed(pod)):
             return None
         try:
             ref = group_of(pod)
@@ -361,8 +374,15 @@ class Cache(Ledger):
             ref = resolved(ref, self.group_objects.objects, self.domain_keys)
         if ref is None or ref.size < 2:
             return None
+        claim = None
+        if not demand.gpu:
+            ladders = claim_ladders(self.dra, pod)
+            fitted = fleet_shape(ladders, demand.cpu_milli, demand.memory_mib) if ladders is not None else None
+            if fitted is None:
+                return None
+            claim = fitted[0]
         self.snapshot()  # the fleet's rows as they are now (plans past their deadline released): plans are made on them
-        return self.groups.answer(self, pod, demand, ref, candidates)
+        return self.groups.answer(self, pod, demand, ref, candidates, claim)
 
     def _restore_plan(self, obj: dict[str, Any], rec: PodRecord) -> None:
         try:

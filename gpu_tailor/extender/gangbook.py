@@ -11,6 +11,9 @@ Each member is filtered to its own slot's node. The plan is written on the pod i
 GPUs again. A plan whose members have not all been bound by its deadline is released (its reservations dropped, the
 reason logged and sent as an event); the members still to come are planned again, in the domain of those bound.
 
+On DRA nodes kube-scheduler's allocator picks each pod's devices: a plan there is made on the DRA nodes' fleet rows,
+and its reservations hold their GPUs in ``draholds`` instead, which the rows and the filter count.
+
 Reservations are keyed ``namespace/~group#slot``: no pod can have that name.
 """
 
@@ -26,10 +29,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gpu_tailor.extender.draholds import DraHolds
+from gpu_tailor.extender.placements import Placements
 from gpu_tailor.extender.records import PodRecord, pod_uid
 from gpu_tailor.gpumodel import gangs, labels
 from gpu_tailor.gpumodel.dra_state import DraState
-from gpu_tailor.gpumodel.fleet import Fleet
+from gpu_tailor.gpumodel.fleet import MILLI, PICK_FIRST, Fleet, Shape
 from gpu_tailor.gpumodel.groups import GroupRef
 from gpu_tailor.gpumodel.inventory import HealthState
 from gpu_tailor.gpumodel.policies import Policy
@@ -90,7 +95,8 @@ class Slot:
 
 @dataclass
 class Plan:
-    """A group's plan: every member's node and GPUs in ``domain`` ("" where spread), until ``deadline`` (wall)."""
+    """A group's plan: every member's node and GPUs in ``domain`` ("" where spread), until ``deadline`` (wall).
+    ``claim``: on DRA nodes, each member's GPUs as the fleet sees them (whole GPUs, or a share of one)."""
 
     ref: GroupRef
     demand: Demand
@@ -100,11 +106,22 @@ class Plan:
     anchor: str  # namespace/name of the pod it was made for, which carries it
     written: bool = False
     anchor_uid: str = ""
+    claim: Shape | None = None
 
     def wire(self) -> str:
-        return json.dumps({"group": self.ref.key, "size": self.ref.size, "domain": self.domain,
-                           "deadline": round(self.deadline, 3),
-                           "slots": [[s.node, list(s.gpus), s.member] for s in self.slots]}, separators=(",", ":"))
+        out: dict[str, Any] = {"group": self.ref.key, "size": self.ref.size, "domain": self.domain,
+                               "deadline": round(self.deadline, 3),
+                               "slots": [[s.node, list(s.gpus), s.member] for s in self.slots]}
+        if self.claim is not None:
+            out["claim"] = [self.claim.gpus, self.claim.milli]
+        return json.dumps(out, separators=(",", ":"))
+
+    def held(self, key: str) -> Demand:
+        """What a reservation of it counts on its node: a member's demand, without the GPUs on a DRA node (``draholds``
+        keeps those: the node sells no device-plugin resource)."""
+        if self.claim is None:
+            return replace(self.demand, key=key)
+        return replace(self.demand, key=key, resource="", units=0, per_container=0)
 
     def reservation(self, i: int) -> str:
         # ":" joins the key's parts: no Kubernetes name holds one, so two groups never share a reservation
@@ -112,37 +129,21 @@ class Plan:
         return f"{ns}/{RESERVED}{rest.replace('/', ':')}#{i}"
 
 
-@dataclass
-class Placements:
-    """What kube-scheduler's topology-aware workload scheduling (1.36) showed of a group it places one NVLink domain
-    at a time (``GroupRef.by_domain``): each cycle it tries every domain as a "placement", asking about each member
-    with that domain's nodes only (those its own filters pass), and keeps a placement where every member passed.
-    Planned on the first domain asked about, the group would go wherever kube-scheduler happens to look first; it is
-    planned on every domain instead, each with the nodes last passed there, and a domain that is not the plan's
-    passes no member. Until kube-scheduler has gone through its domains once, the ones it has not asked about yet
-    count with all their nodes; after that, only those it asked about (it asks about none where its filters pass no
-    node)."""
+def _alike(plan: Plan, demand: Demand, claim: Shape | None) -> bool:
+    """Whether a member asks as its group's plan does (a native ask DRA serves is planned with a claim's shape)."""
+    if (plan.demand.units, plan.demand.resource) != (demand.units, demand.resource):
+        return False
+    return claim is None or (plan.claim is not None
+                             and (plan.claim.gpus, plan.claim.milli) == (claim.gpus, claim.milli))
 
-    passed: dict[int, np.ndarray] = field(default_factory=dict)  # domain id -> the rows kube-scheduler passed there
-    asked: set[tuple[str, int]] = field(default_factory=set)  # (member uid, domain) asked about this cycle
-    went_round: bool = False
 
-    def seen(self, uid: str, domain: int, rows: np.ndarray) -> None:
-        if (uid, domain) in self.asked:  # the same member asked about the same domain again: a new cycle
-            self.went_round = True
-            self.asked.clear()
-        self.asked.add((uid, domain))
-        self.passed[domain] = rows
-
-    def rows(self, fleet: Fleet) -> np.ndarray:
-        parts = list(self.passed.values())
-        if not self.went_round:  # kube-scheduler makes placements of the nodes with the label only
-            alive = fleet.rows()
-            domains = fleet.domain[alive]
-            parts.append(alive[np.asarray(fleet.labelled, bool)[domains] & ~np.isin(domains, list(self.passed))])
-        rows = np.concatenate(parts)
-        live: np.ndarray = rows[fleet.alive[rows]]
-        return live
+def each(demand: Demand, claim: Shape | None) -> str:
+    """A member's ask in words: its native resource, or what its claim takes on DRA nodes."""
+    if claim is None:
+        return f"{demand.units} x {demand.resource}"
+    if claim.milli < MILLI:
+        return f"{claim.milli / 10:g}% of a shared GPU (DRA)"
+    return f"{claim.gpus} GPU{'s' if claim.gpus != 1 else ''} (DRA)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,14 +169,16 @@ class GroupBook:
     # groups kube-scheduler places one domain at a time, not planned yet (``Placements``), least recently asked first
     placements: OrderedDict[str, Placements] = field(default_factory=OrderedDict)
     mix: gangs.GangMix = field(default_factory=gangs.GangMix)  # the groups planned so far, by size and ask
+    dra: DraHolds = field(default_factory=DraHolds)  # what reservations on DRA nodes hold there
 
     # ----- the filter -----
     def answer(self, books: Books, pod: dict[str, Any], demand: Demand, ref: GroupRef,
-               candidates: list[str] | None = None) -> Answer | None:
+               candidates: list[str] | None = None, claim: Shape | None = None) -> Answer:
         """The node a member may go to, planning its group first where nothing holds a plan for it, on
         ``candidates`` where given: the nodes kube-scheduler's own filters passed for this pod (its node selector,
-        affinity and tolerations, which its group's pods share; gpu-tailor-scheduler scores every feasible node).
-        None where the group is not gpu-tailor's to plan: DRA serves its ask (``_plan``)."""
+        affinity and tolerations, which its group's pods share, and DynamicResources' check that its claims can be
+        allocated there; gpu-tailor-scheduler scores every feasible node). ``claim``: a member whose GPUs come from a
+        ResourceClaim on DRA pools, as the fleet sees them."""
         uid = pod_uid(pod)
         if uid in self.members:
             key, i = self.members[uid]
@@ -183,13 +186,11 @@ class GroupBook:
             if plan is not None:
                 return Answer(plan.slots[i].node)
         plan = self.plans.get(ref.key)
-        if plan is not None and plan.demand.units != demand.units:
-            return Answer(None, f"{ref.name}: its pods ask for different GPUs ({plan.demand.units} and "
-                                f"{demand.units} x {demand.resource}): a group's pods must ask alike")
+        if plan is not None and not _alike(plan, demand, claim):
+            return Answer(None, f"{ref.name}: its pods ask for different GPUs ({each(plan.demand, plan.claim)} and "
+                                f"{each(demand, claim)}): a group's pods must ask alike")
         if plan is None:
-            made = self._plan(books, demand, ref, pod, candidates)
-            if made is None:
-                return None
+            made = self._plan(books, demand, ref, pod, candidates, claim)
             if isinstance(made, str):
                 return Answer(None, made)
             plan = made
@@ -202,7 +203,7 @@ class GroupBook:
         return Answer(plan.slots[i].node)
 
     def _plan(self, books: Books, demand: Demand, ref: GroupRef, pod: dict[str, Any],
-              candidates: list[str] | None) -> Plan | str | None:
+              candidates: list[str] | None, claim: Shape | None) -> Plan | str:
         fleet, policy = books.fleet, books.policy
         # Only the nodes whose inventory can serve a member (what fit() checks before placing: health, product, the
         # resource sold as whole GPUs and not as MIG slices or replicas): the fleet's rows say GPUs, not how they
@@ -211,18 +212,24 @@ class GroupBook:
         here = self._placement(fleet, ref, pod, rows) if ref.by_domain and candidates is not None else None
         if here is not None:
             rows = self.placements[ref.key].rows(fleet)
-        offers = [(r, v) for r in rows if (ns := books.nodes.get(fleet.names[r])) is not None
-                  and not isinstance(v := inventory_verdict(ns.inventory, demand), Fit)]
-        # Where no device-plugin node serves the ask and DRA does (a DeviceClass's extendedResourceName),
-        # kube-scheduler's DynamicResources allocates each pod's devices itself, where the extender cannot hold them:
-        # the group is left to kube-scheduler pod by pod rather than refused. Where device-plugin nodes serve it, the
-        # group is planned there, or refused, as without DRA.
-        if not offers and books.dra.enabled and demand.resource in books.dra.extended():
-            return None
-        if not offers:
-            return f"{ref.name}: no node serves {demand.units} x {demand.resource} to each of its pods"
-        rows = np.array([r for r, _ in offers], np.int64)
-        shape = shape_of(demand, offers[0][1])
+        offers = [] if claim is not None else [
+            (r, v) for r in rows if (ns := books.nodes.get(fleet.names[r])) is not None
+            and not isinstance(v := inventory_verdict(ns.inventory, demand), Fit)]
+        # A native ask no device-plugin node serves, and DRA does (a DeviceClass's extendedResourceName): each pod's
+        # GPUs are whole devices the allocator picks on a DRA node. Where device-plugin nodes serve it, the group is
+        # planned there, or refused, as without DRA.
+        if not offers and claim is None and books.dra.enabled and demand.resource in books.dra.extended():
+            claim = Shape(demand.cpu_milli, demand.memory_mib, demand.units, MILLI)
+        if claim is not None:  # the DRA nodes among the candidates: their rows are the allocator's devices
+            rows = rows[fleet.pick[rows] == PICK_FIRST]
+            if not len(rows):
+                return f"{ref.name}: no node's DRA pool serves {each(demand, claim)} to each of its pods"
+            shape = claim
+        elif not offers:
+            return f"{ref.name}: no node serves {each(demand, claim)} to each of its pods"
+        else:
+            rows = np.array([r for r, _ in offers], np.int64)
+            shape = shape_of(demand, offers[0][1])
         settled = [n for n in self.settled.get(ref.key, {}).values() if n in fleet.index]
         if len(settled) >= ref.size:
             return f"{ref.name} has its {ref.size} pods bound: this one is one too many"
@@ -237,7 +244,7 @@ class GroupBook:
         if chosen is None and not healthy.all():
             chosen = gangs.plan(policy, gang, self.mix, rows)
         if chosen is None:
-            return self._why_not(fleet, gang, ref, demand, rows)
+            return self._why_not(fleet, gang, ref, each(demand, claim), rows)
         domain = fleet.domain_names[chosen.domain] if chosen.domain >= 0 else ""
         if here is not None:
             if chosen.domain != here:
@@ -246,7 +253,7 @@ class GroupBook:
         plan = Plan(ref, demand, domain if chosen.domain >= 0 and fleet.labelled[chosen.domain] else "",
                     [Slot(fleet.names[m.node], m.gpus) for m in chosen.members], self.wall() + self.timeout,
                     f"{(pod.get('metadata') or {}).get('namespace', '')}/{(pod.get('metadata') or {}).get('name', '')}",
-                    anchor_uid=pod_uid(pod))
+                    anchor_uid=pod_uid(pod), claim=claim)
         self.install(books, plan)
         self.unwritten.append(plan)
         where = f"in NVLink domain {plan.domain}" if plan.domain else "over several domains" \
@@ -269,9 +276,9 @@ class GroupBook:
         return domain
 
     @staticmethod
-    def _why_not(fleet: Fleet, gang: gangs.Gang, ref: GroupRef, demand: Demand, rows: np.ndarray) -> str:
+    def _why_not(fleet: Fleet, gang: gangs.Gang, ref: GroupRef, member: str, rows: np.ndarray) -> str:
         hold = gangs.domain_slots(fleet, gang.member, rows)
-        ask = f"{ref.size} pods of {demand.units} x {demand.resource}"
+        ask = f"{ref.size} pods of {member}"
         if gang.domain == gangs.REQUIRED:
             return (f"{ref.name} ({ask}) fits in no NVLink domain as a whole: the most any domain holds now is "
                     f"{int(hold.max()) if len(hold) else 0}; no pod of it is bound until all fit")
@@ -290,14 +297,20 @@ class GroupBook:
                 self.members[s.member] = (plan.ref.key, i)
             if not s.bound:  # a node not known yet counts it once it comes
                 key = plan.reservation(i)
-                books._add(PodRecord("", s.node, replace(plan.demand, key=key), recorded=s.gpus,
-                                     deadline=math.inf))
+                if plan.claim is not None:
+                    self.dra.hold(s.node, key, s.gpus, plan.claim.milli)
+                books._add(PodRecord("", s.node, plan.held(key), recorded=s.gpus, deadline=math.inf))
 
     def _unhold(self, books: Books, plan: Plan) -> None:
         for i in range(len(plan.slots)):
-            rec = books.pods.get(plan.reservation(i))
-            if rec is not None:
-                books._drop(rec)
+            self._drop(books, plan, i)
+
+    def _drop(self, books: Books, plan: Plan, i: int) -> None:
+        key = plan.reservation(i)
+        self.dra.drop(plan.slots[i].node, key)
+        rec = books.pods.get(key)
+        if rec is not None:
+            books._drop(rec)
 
     def bound(self, books: Books, uid: str, node: str) -> None:
         """A member was seen bound (on its slot's node or not): its slot's GPUs are its own now."""
@@ -316,9 +329,7 @@ class GroupBook:
             _, dropped = self.settled.popitem(last=False)
             for gone in dropped:
                 self.settled_in.pop(gone, None)
-        rec = books.pods.get(plan.reservation(where[1]))
-        if rec is not None:
-            books._drop(rec)
+        self._drop(books, plan, where[1])
         if node != slot.node:
             log.warning("%s: a pod planned on %s was bound on %s", plan.ref.name, slot.node, node)
         if all(s.bound for s in plan.slots):
@@ -376,6 +387,8 @@ class GroupBook:
             wire = json.loads(str(raw))
             slots = [Slot(str(n), tuple(int(g) for g in gpus), str(m)) for n, gpus, m in wire["slots"]]
             deadline = float(wire["deadline"])
+            claim = None if wire.get("claim") is None else \
+                Shape(demand.cpu_milli, demand.memory_mib, int(wire["claim"][0]), int(wire["claim"][1]))
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("%s: its plan annotation cannot be read (%s): planned again", ref.name, exc)
             return
@@ -383,7 +396,8 @@ class GroupBook:
             return
         meta = pod.get("metadata") or {}
         plan = Plan(ref, demand, str(wire.get("domain", "")), slots, deadline,
-                    f"{meta.get('namespace', '')}/{meta.get('name', '')}", written=True, anchor_uid=pod_uid(pod))
+                    f"{meta.get('namespace', '')}/{meta.get('name', '')}", written=True, anchor_uid=pod_uid(pod),
+                    claim=claim)
         for s in slots:  # members bound already hold their own GPUs: this pod where it is bound, and the others
             s.bound = bool(node) and s.member == uid
         self._taken(books, [s for s in slots if s.member != uid])

@@ -22,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from gpu_tailor.extender.draholds import HeldGpus
 from gpu_tailor.extender.records import PodRecord
 from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.gpumodel.fleet import Fleet
@@ -137,6 +138,7 @@ class Snapshot:
     dra: DraState = field(default_factory=lambda: DraState(enabled=False))  # DRA pools (read, not copied)
     generation: int = 0  # the cache's last node generation when taken: equal snapshots have equal generations
     node_layout: int = 0  # the cache's count of nodes added, removed or changed in kind when taken
+    held: Mapping[str, Mapping[str, HeldGpus]] = field(default_factory=dict)  # DRA nodes' GPUs plans hold (read)
 
     def fits(self, names: list[str], demand: Demand) -> list[Fit]:
         """``fit(node, demand, place=False)`` per node name, kept while a node is unchanged."""

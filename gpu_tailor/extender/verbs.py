@@ -15,13 +15,12 @@ from typing import Any, cast
 
 import numpy as np
 
+from gpu_tailor.extender import draholds
 from gpu_tailor.extender.gangbook import Answer, as_the_plugin_sees
 from gpu_tailor.extender.records import PodRecord
 from gpu_tailor.extender.scores import MAX_SCORE, extender_scores, node_order, tie_order
 from gpu_tailor.extender.snapshot import NodeInfo, Snapshot
 from gpu_tailor.extender.wire import extender_args, pod_of, victims_of
-from gpu_tailor.gpumodel import labels
-from gpu_tailor.gpumodel.ask import from_canonical
 from gpu_tailor.gpumodel.devices import dra as claims
 from gpu_tailor.gpumodel.dra_usage import gpu_column
 from gpu_tailor.gpumodel.fleet import PICK_FIRST, Shape
@@ -58,7 +57,8 @@ def filter_nodes(snap: Snapshot, body: Any, member: Answer | None = None) -> dic
         why = member.reason or f"its group's plan puts it on {member.node}"
         failed = {n: why for n in names if n != member.node}
     elif not demand.gpu and not demand.error:
-        passed = list(names)  # nothing of ours to check: kube-scheduler checks CPU and memory
+        # nothing of ours to check (kube-scheduler checks CPU, memory and claims), but GPUs plans hold on DRA nodes
+        passed, failed = _off_held(snap, args.pod, names) if snap.held else (list(names), failed)
     else:
         served = dra_served(snap, demand)
         fits = snap.fits(names, demand)
@@ -67,6 +67,9 @@ def filter_nodes(snap: Snapshot, body: Any, member: Answer | None = None) -> dic
         else:
             for name, f in zip(names, fits, strict=True):
                 if f.ok or name in served:  # served: DynamicResources allocated a claim for it there already
+                    if not f.ok and not _held_room(snap, name, demand.units, ()):
+                        failed[name] = HELD
+                        continue
                     passed.append(name)
                     if not f.ok:
                         fit_failed = True
@@ -82,6 +85,35 @@ def filter_nodes(snap: Snapshot, body: Any, member: Answer | None = None) -> dic
     else:
         out["Nodes"], out["NodeNames"] = {"metadata": {}, "items": [objs[n] for n in passed]}, None
     return out
+
+
+HELD = "the GPUs free here are held for the pods of a group still to come"
+
+
+def _held_room(snap: Snapshot, node: str, whole: int, shares: tuple[int, ...] | list[int]) -> bool:
+    """Whether a DRA node has room for ``whole`` GPUs and ``shares`` beside what group plans hold there for the
+    members still to come (its fleet row counts those as taken: ``draholds``)."""
+    if node not in snap.held:
+        return True
+    row = snap.fleet.index.get(node)
+    return row is None or draholds.room(snap.fleet.gpu[row], whole, shares)
+
+
+def _off_held(snap: Snapshot, pod: dict[str, Any], names: list[str]) -> tuple[list[str], dict[str, str]]:
+    """A claim pod's nodes, less the DRA nodes where what the allocator would give it would take GPUs a group's
+    plan holds there (and each of those with why)."""
+    ladders = claim_ladders(snap, pod)
+    if ladders is None:
+        return list(names), {}
+    inv, usage = snap.dra.inventory(), snap.dra.usage()
+    passed, failed = [], {}
+    for n in names:
+        picks = claims.node_picks(ladders, inv, usage, n) if n in snap.held else None
+        if picks is not None and not _held_room(snap, n, *draholds.claim_need(picks.values())):
+            failed[n] = HELD
+        else:
+            passed.append(n)
+    return passed, failed
 
 
 def dra_served(snap: Snapshot, demand: Demand) -> frozenset[str]:
@@ -110,14 +142,7 @@ def dra_served(snap: Snapshot, demand: Demand) -> frozenset[str]:
 def claim_ladders(snap: Snapshot, pod: dict[str, Any]) -> claims.Ladders | None:
     """The rungs of a pod the webhook sent to DRA pools (backing ``dra:...``), from its ask annotation; None for
     any other pod."""
-    annotations = pod["metadata"].get("annotations") or {}
-    if not str(annotations.get(labels.ANN_BACKING, "")).startswith("dra:") or not snap.dra.enabled:
-        return None
-    ask = from_canonical(str(annotations.get(labels.ANN_ASK, "")))
-    if ask is None:
-        return None
-    planned = claims.ladders_for(ask, ask.isolation, snap.dra.inventory(), tuple(snap.dra.classes))
-    return planned[1] if not isinstance(planned, claims.DraRefusal) else None
+    return draholds.claim_ladders(snap.dra, pod)
 
 
 def _dra_scores(snap: Snapshot, names: list[str], keys: dict[str, Any]) -> list[dict[str, Any]]:

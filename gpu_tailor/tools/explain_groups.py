@@ -33,13 +33,17 @@ def groups_said(cache: Cache, pod: dict[str, Any], demand: Demand, member: Answe
     elif member is not None and member.reason:
         out.append(member.reason)
     fleet = cache.fleet
-    if not demand.gpu or not fleet.shared_domains:
+    claim = plan.claim if plan is not None else None  # on DRA nodes: each member's devices as the fleet sees them
+    if (not demand.gpu and claim is None) or not fleet.shared_domains:
         return out
-    offering = next((o for ns in cache.nodes.values() if (o := ns.inventory.offering(demand.resource)) is not None),
-                    None)
-    if offering is None:
-        return out
-    shape = shape_of(demand, offering)
+    if claim is not None:
+        shape = claim
+    else:
+        offering = next((o for ns in cache.nodes.values()
+                         if (o := ns.inventory.offering(demand.resource)) is not None), None)
+        if offering is None:
+            return out
+        shape = shape_of(demand, offering)
     labelled = sorted(domain_rows(fleet, [shape]), key=lambda d: (-d.largest[shape.gpus], d.name))
     for d in labelled[:SHOWN_DOMAINS]:
         out.append(f"NVLink domain {d.name}: {d.free:g} of {d.gpus} GPUs free ({d.idle} idle); "

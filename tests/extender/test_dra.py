@@ -172,21 +172,6 @@ def test_where_dra_serves_native_gpus_follows_a_node_that_starts_selling_them() 
     assert "dra-h100-hgx-0" in verbs.dra_served(cache.snapshot(), demand)  # slices without a node: served
 
 
-def test_a_group_of_native_asks_only_dra_serves_is_left_to_kube_scheduler_not_refused() -> None:
-    """kube-scheduler's DynamicResources allocates each pod's devices on DRA nodes, where the extender cannot hold
-    GPUs for the members still to come: a group it cannot plan on device-plugin nodes passes as single pods do."""
-    group = {labels.ANN_GROUP: "pair", labels.ANN_GROUP_SIZE: "2"}
-    pod = gpu_pod("pair-0", 2, annotations=group)
-    demand = wire.extender_args(body(pod, DRA_NODES)).demand
-    cache = dra_cache()
-    assert cache.group_answer(pod, demand, DRA_NODES) is None
-    passed = verbs.filter_nodes(cache.snapshot(), body(pod, DRA_NODES))["NodeNames"]
-    assert set(DRA_NODES) <= set(passed)
-    plain = cluster([], extra_nodes=[plain_node(n) for n in DRA_NODES])  # no DRA: nothing serves it there
-    answer = plain.group_answer(pod, demand, DRA_NODES)
-    assert answer is not None and answer.node is None and "no node serves 2 x nvidia.com/gpu" in answer.reason
-
-
 def test_a_group_device_plugin_nodes_serve_is_refused_there_whole_not_left_to_dra() -> None:
     """Where device-plugin nodes serve the ask, the group is planned there, or refused, as without DRA: its pods are
     never placed one by one over device-plugin nodes because DRA serves the resource elsewhere."""
