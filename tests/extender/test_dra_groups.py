@@ -67,7 +67,7 @@ def passed(cache: Cache, pod: dict[str, Any], names: list[str] = ALL) -> tuple[l
 def free(cache: Cache, node: str) -> list[int]:
     snap = cache.snapshot()
     at = snap.fleet.index[node]
-    return snap.fleet.gpu[at, : snap.fleet.ngpu[at]].tolist()
+    return [int(v) for v in snap.fleet.gpu[at, : snap.fleet.ngpu[at]]]
 
 
 def bound(cache: Cache, pod: dict[str, Any], node: str) -> None:
@@ -84,7 +84,7 @@ def test_a_group_of_claims_goes_whole_into_the_partly_used_clique_and_holds_its_
     cache = trays([held(tray("a", 0), "gpu-0", "gpu-1")])
     pods = [member("train", i, 3) for i in range(3)]
     planned = [answer(cache, p) for p in pods]
-    nodes = [a.node for a in planned if a is not None]
+    nodes = [a.node for a in planned if a is not None and a.node is not None]
     assert len(nodes) == 3 and len(set(nodes)) == 3 and {n[4] for n in nodes} == {"a"}
     assert all(free(cache, n) == [0, 0, 0, 0] for n in nodes)  # held for the members still to come
     assert free(cache, tray("a", 0)) == [0, 0, MILLI, MILLI]
