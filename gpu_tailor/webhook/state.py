@@ -26,6 +26,7 @@ from typing import Any
 from gpu_tailor.gpumodel import catalog
 from gpu_tailor.gpumodel.ask import from_pod
 from gpu_tailor.gpumodel.catalog import Candidate, from_inventories
+from gpu_tailor.gpumodel.dra import DeviceType
 from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.gpumodel.inventory import NodeInventory, from_node
 from gpu_tailor.gpumodel.schedule import domain_of
@@ -53,7 +54,8 @@ class ClusterView:
         self.freshness: dict[str, Freshness] = {}  # per watched resource, when watches keep the view
         self.dra = DraState(enabled=False)  # DRA pools; on where watches find resource.k8s.io/v1
         self._cache: list[Candidate] | None = None
-        self._largest: int | None = None  # ``largest_domain``, until a node changes
+        self._largest: int | None = None  # ``largest_domain``, until a node changes (or DRA's slices)
+        self._largest_at: tuple[int, int] | None = None  # the DRA state and layout it was counted at
         self._takes_pods: frozenset[str] = frozenset()
         self._declared = [declared_candidate(o) for o in policy.offerings]
         self._was_stale = False
@@ -151,13 +153,21 @@ class ClusterView:
 
     def largest_domain(self) -> int:
         """The most GPUs one NVLink domain has: the nodes sharing a domain label (``schedule.domain_of``), or a node
-        alone."""
-        if self._largest is None:
+        alone. A DRA node's GPUs are the GPU devices its pools publish."""
+        dra = self.dra
+        at = (id(dra), dra.layout) if dra.enabled else None  # slices and classes as they were
+        if self._largest is None or self._largest_at != at:
             per: dict[str, int] = {}
+            inventory = dra.inventory() if dra.enabled else None
+            pooled = inventory.nodes() if inventory is not None else set()
             for name, inv in self.nodes.items():
+                gpus = inv.gpu_count
+                if not gpus and inventory is not None and name in pooled:
+                    gpus = sum(1 for p in inventory.on_node(name) for d in p.devices.values()
+                               if d.type is DeviceType.GPU)
                 key = domain_of(inv.labels) or f"node/{name}"
-                per[key] = per.get(key, 0) + inv.gpu_count
-            self._largest = max(per.values(), default=0)
+                per[key] = per.get(key, 0) + gpus
+            self._largest, self._largest_at = max(per.values(), default=0), at
         return self._largest
 
     def nodes_taking_pods(self) -> frozenset[str]:

@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.webhook.config import AdmissionPolicy
 from gpu_tailor.webhook.mutate import decide
 from gpu_tailor.webhook.state import ClusterView
 from tests.conftest import FIXTURES, review_fixture
+from tests.gpumodel.dra_slices import H100, device_classes, gpu, plain_node, resource_slice
 
 NODES = [json.loads(p.read_text()) for p in sorted((FIXTURES / "nodes").glob("*.json"))]
 LARGEST_NODE = 8  # the HGX fixture: no node carries a clique label, so a domain is one node
@@ -76,3 +78,25 @@ def test_group_asks_are_checked_at_admission(annotations: dict[str, str], gpus: 
     assert d.allowed == (code == 200)
     if code != 200:
         assert d.code == code and says in d.message
+
+
+def test_a_dra_nodes_gpus_are_the_gpu_devices_its_pools_publish() -> None:
+    """DRA trays carry no GPU count label: their clique counts the GPU devices their slices publish, and a slice
+    published or withdrawn later changes the count."""
+    trays = []
+    for i in range(4):
+        node = plain_node(f"dra-gb-{i}")
+        node["metadata"]["labels"][labels.GPU_CLIQUE] = "uuid.7"
+        trays.append(node)
+    view = ClusterView(AdmissionPolicy())
+    view.reset([*NODES, *trays], [])
+    assert view.largest_domain() == LARGEST_NODE  # DRA off: the trays have no GPUs to count
+    state = DraState()
+    slices = [resource_slice(f"dra-gb-{i}", [gpu(g, H100, 80, f"GPU-{i}-{g}") for g in range(4)]) for i in range(4)]
+    state.reset_slices(slices)
+    state.reset_claims([])
+    state.reset_classes(device_classes())
+    view.dra = state
+    assert view.largest_domain() == 16
+    state.apply_slice("DELETED", slices[0])
+    assert view.largest_domain() == 12
