@@ -352,8 +352,10 @@ class Cache(Ledger):
             self.groups.gone(uid)
         elif (rec.demand.gpu or _claimed(obj)) and (
                 labels.ANN_GROUP_PLAN in ((obj.get("metadata") or {}).get("annotations") or {})
-                or (rec.node and self.groups.plans)):
-            self._restore_plan(obj, rec)  # a plan written on this pod (bound or not), or a member bound before it
+                or (rec.node and (self.groups.plans or not rec.demand.gpu))):
+            # a plan written on this pod (bound or not), or a member bound before it; a claim pod bound is noted
+            # while no plan is held too: read back later, a plan on DRA nodes knows its members bound by their node
+            self._restore_plan(obj, rec)
         self._add(rec)
         if record:
             del self.ours[uid]

@@ -169,6 +169,8 @@ class GroupBook:
     # groups kube-scheduler places one domain at a time, not planned yet (``Placements``), least recently asked first
     placements: OrderedDict[str, Placements] = field(default_factory=OrderedDict)
     mix: gangs.GangMix = field(default_factory=gangs.GangMix)  # the groups planned so far, by size and ask
+    # pods of a group seen bound while no plan of it was held (uid -> node): a plan read back later counts them bound
+    early: OrderedDict[str, dict[str, str]] = field(default_factory=OrderedDict)
     dra: DraHolds = field(default_factory=DraHolds)  # what reservations on DRA nodes hold there
 
     # ----- the filter -----
@@ -381,6 +383,8 @@ class GroupBook:
                 self._claim(books, held, uid, node)
             return
         raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(labels.ANN_GROUP_PLAN)
+        if raw is None and node:
+            self._early(ref.key, uid, node)
         if raw is None or ref.key in self.settled or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             return  # members seen bound by this replica (the plan was held here: done or released), or the group ran
         try:
@@ -401,9 +405,21 @@ class GroupBook:
         for s in slots:  # members bound already hold their own GPUs: this pod where it is bound, and the others
             s.bound = bool(node) and s.member == uid
         self._taken(books, [s for s in slots if s.member != uid])
+        for seen, where in self.early.pop(ref.key, {}).items():  # bound before the plan was read back, still there
+            if not any(r.uid == seen for r in (books.on_node.get(where) or {}).values()):
+                continue
+            hit = next((s for s in slots if s.node == where and not s.bound and s.member in ("", seen)), None)
+            if hit is not None:
+                hit.bound, hit.member = True, seen
         if all(s.bound for s in slots):
             return
         self.install(books, plan)
+
+    def _early(self, key: str, uid: str, node: str) -> None:
+        self.early.setdefault(key, {})[uid] = node
+        self.early.move_to_end(key)
+        if len(self.early) > KEPT_GROUPS:
+            self.early.popitem(last=False)
 
     @staticmethod
     def _taken(books: Books, slots: list[Slot]) -> None:

@@ -144,3 +144,27 @@ def test_a_group_of_claims_no_clique_holds_stays_pending_with_nothing_bound(tray
     assert not [p["metadata"]["name"] for p in now if p["spec"].get("nodeName")], "a member was bound"
     assert all(NO_DOMAIN in pending_reason(trays.kube, p) for p in now)
     assert plan_on(pods, created) is None
+
+
+@pytest.mark.parametrize("before", [1, 2], ids=["first-member-bound", "two-members-bound"])
+def test_a_restarted_extender_keeps_a_claim_groups_plan(trays: Stack, pods: Pods, before: int) -> None:
+    """The plan is read back from the first member after a restart; a member bound before is known by its tray (its
+    claim's devices say nothing of its group), and the trays of the members still to come stay held."""
+    ns = trays.opted_in
+    group, size = unique("resumed"), 3
+    first = [pods.wait_bound(pods.create(ns, member(group, i, size)), 60) for i in range(before)]
+    plan = wait_plan(trays, pods, first)
+    assert plan.anchor == first[0]["metadata"]["name"] and first[0]["spec"]["nodeName"] == plan.nodes[0]
+    trays.extender.restart()
+    # a single 4-GPU claim that may go anywhere in the planned clique keeps off the trays held for the group
+    clique = clique_of(plan.nodes[0])
+    single = gpu_pod(unique("single"), FOUR)
+    single["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                                     "values": [t for t in TRAYS if clique_of(t) == clique]}]}]}}}
+    single = pods.wait_bound(pods.create(ns, single), 60)
+    assert single["spec"]["nodeName"] not in plan.nodes, f"a planned tray taken: {plan}"
+    rest = [pods.wait_bound(pods.create(ns, member(group, i, size)), 60) for i in range(before, size)]
+    placed = [*first, *rest]
+    assert sorted(nodes_of(placed)) == sorted(plan.nodes)
+    assert_on_its_tray(trays, placed)

@@ -76,6 +76,7 @@ def bound(cache: Cache, pod: dict[str, Any], node: str) -> None:
     cache.dra.apply_claim("ADDED", held(node, *(f"gpu-{g}" for g in range(len(taken)))))
     pod = copy.deepcopy(pod)
     pod["spec"]["nodeName"] = node
+    pod["metadata"]["resourceVersion"] = str(int(pod["metadata"]["resourceVersion"]) + 1)  # the binding's update
     cache.apply_pod("MODIFIED", pod)
 
 
@@ -190,3 +191,25 @@ def test_a_group_of_native_asks_only_dra_serves_is_planned_on_the_dra_nodes() ->
     plain = cluster([], extra_nodes=[plain_node(n) for n in DRA_NODES])  # no DRA: nothing serves it there
     refused = answer(plain, pod, DRA_NODES)
     assert refused is not None and refused.node is None and "no node serves 2 x nvidia.com/gpu" in refused.reason
+
+
+def test_a_member_bound_before_its_claim_groups_plan_is_read_back_keeps_its_tray() -> None:
+    """After a restart the pods may be listed in any order: a member bound on its tray, listed before the pod that
+    carries the plan, is known by its node (its claim's devices say nothing of its group), so its slot is not held
+    again, and the plan ends once the last member is bound."""
+    cache = trays()
+    pods = [member("late", i, 2) for i in range(2)]
+    first = answer(cache, pods[0])
+    second = answer(cache, pods[1])
+    assert first is not None and second is not None and first.node and second.node
+    (plan,) = cache.groups.plans.values()
+    anchor = copy.deepcopy(pods[0])
+    anchor["metadata"]["annotations"][labels.ANN_GROUP_PLAN] = plan.wire()
+    on_tray = copy.deepcopy(pods[1])
+    on_tray["spec"]["nodeName"] = second.node
+    again = trays([held(second.node, *(f"gpu-{g}" for g in range(4)))])
+    again.reset_pods([on_tray, anchor])  # the member bound first, the plan after
+    assert set(again.groups.dra.by_node) == {first.node}  # only the slot of the member still to come is held
+    assert free(again, second.node) == [0, 0, 0, 0]  # its claim's devices, counted once
+    bound(again, anchor, first.node)
+    assert not again.groups.plans and not again.groups.dra.by_node
