@@ -184,7 +184,7 @@ def access(http: str, path: str, watched: bool = False) -> list[Access]:
 def custom_sources(module: ast.Module) -> Iterator[tuple[str, str]]:
     """(API group, plural) of each ``SOURCES`` row of a module that lists and watches other projects' objects with
     ``CustomObjectsApi.list_cluster_custom_object`` (``kube/groupobjects.py``: rows of kind, group, version, plural,
-    reader)."""
+    reader); such a module's other CustomObjectsApi calls are on the same rows."""
     if "list_cluster_custom_object" not in ast.unparse(module):
         return
     for node in ast.walk(module):
@@ -212,6 +212,14 @@ def module_calls(path: Path) -> set[Access]:
                if not m.startswith("_") and not m.endswith("_with_http_info") and m != "api_client"}
     aliases = {t.id: n.value for n in ast.walk(module) if isinstance(n, ast.Assign)
                for t in n.targets if isinstance(t, ast.Name)}
+    sources = list(custom_sources(module))
+    if sources:  # its CustomObjectsApi calls are on its SOURCES rows, not on the project's own reports
+        custom = {m for m, cls in methods.items() if cls is client.CustomObjectsApi}
+        for group, plural in sources:
+            out.update(Access(group, plural, verb) for verb in ("list", "watch"))
+            if any(isinstance(n, ast.Attribute) and n.attr == "get_namespaced_custom_object" for n in ast.walk(module)):
+                out.add(Access(group, plural, "get"))
+        methods = {m: cls for m, cls in methods.items() if m not in custom}
     watched = set()
     for node in ast.walk(module):
         if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("list_and_watch") and node.args:
@@ -224,8 +232,6 @@ def module_calls(path: Path) -> set[Access]:
             out.update(access(http, api_path, watched=node.attr in watched))
     for http, api_path in raw_requests(module):
         out.update(access(http, api_path))
-    for group, plural in custom_sources(module):  # watched custom objects of other projects' API groups
-        out.update((Access(group, plural, "list"), Access(group, plural, "watch")))
     if "call_api" in path.read_text():
         assert out, f"{path}: makes raw API requests this test cannot see"
     return out

@@ -132,7 +132,7 @@ def watches(api: Any, cache: Cache, dra: bool = True) -> list[Coroutine[Any, Any
 
     from gpu_tailor.kube.dra import dra_watches
     from gpu_tailor.kube.freshness import Freshness
-    from gpu_tailor.kube.groupobjects import group_watches
+    from gpu_tailor.kube.groupobjects import LiveGroups, group_watches
     from gpu_tailor.kube.reports import report_watch
     from gpu_tailor.kube.watch import list_and_watch
 
@@ -144,9 +144,11 @@ def watches(api: Any, cache: Cache, dra: bool = True) -> list[Coroutine[Any, Any
     active = functools.partial(core.list_pod_for_all_namespaces, field_selector=ACTIVE_PODS)
     # on until discovery says the API server serves no resource.k8s.io/v1; off for good with ``--dra off``
     cache.dra.enabled = dra
+    live = LiveGroups(cache.group_objects)
+    cache.fetch_group = live.fetch
     return [*([dra_watches(api, cache.dra, cache.freshness)] if dra else []),
             report_watch(api, cache.reset_reports, cache.apply_report, cache.freshness),
-            group_watches(api, cache.group_objects),
+            group_watches(api, cache.group_objects, live=live),
             list_and_watch(core.list_node, None, cache.apply_node, relist=cache.relist_nodes,
                            project=node_fields, freshness=nodes, page=NODE_PAGE, freeze_gc=True),
             list_and_watch(active, None, cache.apply_pod, relist=cache.relist_pods,

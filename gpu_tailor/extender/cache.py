@@ -43,7 +43,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -70,7 +70,7 @@ from gpu_tailor.gpumodel.devices.dra import fleet_shape
 from gpu_tailor.gpumodel.dra_state import DraState
 from gpu_tailor.gpumodel.dra_usage import gpu_column
 from gpu_tailor.gpumodel.fleet import PICK_FIRST, Fleet
-from gpu_tailor.gpumodel.groups import GroupError, GroupObjects, group_of, resolved
+from gpu_tailor.gpumodel.groups import GroupError, GroupObjects, GroupRef, group_of, resolved
 from gpu_tailor.gpumodel.inventory import HealthState
 from gpu_tailor.gpumodel.occupancy import Placement
 from gpu_tailor.gpumodel.policies import TailorPolicy
@@ -121,6 +121,8 @@ class Cache(Ledger):
         self.unrecorded: dict[str, tuple[str, float]] = {}
         self.last_asked = -math.inf  # clock() of the last pod filter or prioritize was asked about
         self.on_unrecorded: Callable[[], None] | None = None  # called when one is added
+        # reads a group's object from the API on the spot, where the watch has not delivered it (``LiveGroups``)
+        self.fetch_group: Callable[[GroupRef], Awaitable[None]] | None = None
         self.groups = GroupBook(wall=wall)  # groups placed whole: their plans and the GPUs held for them
         self.group_objects = GroupObjects()  # PodGroups that say a group's size, where the API serves them
         self.domain_keys = DOMAIN_LABELS  # node labels that name an NVLink domain, first found wins
@@ -360,6 +362,15 @@ class Cache(Ledger):
         if record:
             del self.ours[uid]
             self._unrecorded(key, uid)
+
+    def group_ref(self, pod: dict[str, Any], demand: Demand) -> GroupRef | None:
+        """The group a GPU pod names, as it names it (None for any other pod, or a group ask that cannot be read)."""
+        if not demand.gpu and not _claimed(pod):
+            return None
+        try:
+            return group_of(pod)
+        except GroupError:
+            return None
 
     def group_answer(self, pod: dict[str, Any], demand: Demand, candidates: list[str] | None = None) -> Answer | None:
         """For a member of a group (``groups.group_of``) of a GPU pod: the one node it may go to, its group planned

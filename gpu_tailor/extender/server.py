@@ -182,6 +182,8 @@ async def _filter(request: web.Request, body: Any) -> Any:
     args = request.app[LAST_ARGS].read(body)
     key, uid = pod_key(args.pod), pod_uid(args.pod)
     cache.unscore(key, uid)  # asked again: where it was ranked first last time did not take it
+    if cache.fetch_group is not None and (ref := cache.group_ref(args.pod, args.demand)) is not None:
+        await cache.fetch_group(ref)  # its PodGroup, Workload or Job, where the watch has not brought it yet
     member = cache.group_answer(args.pod, args.demand, args.names)
     if cache.groups.unwritten:
         await _write_plans(request.app, cache)

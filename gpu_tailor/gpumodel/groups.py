@@ -126,6 +126,18 @@ def group_of(pod: dict[str, Any]) -> GroupRef | None:
     return None
 
 
+SIZED_BY_OBJECT = ("podgroup", "workload", "coscheduling", "job")  # the kinds of ref an API object may size
+
+
+def sizing_object(ref: GroupRef) -> tuple[str, str, str] | None:
+    """The API object that says the size of ``ref``'s group (or its topology constraint): its kind, as
+    ``kube.groupobjects.SOURCES`` names it, namespace and name; None where no object does."""
+    ns, kind, rest = (ref.source or ref.key).split("/", 2)
+    if kind not in SIZED_BY_OBJECT:
+        return None
+    return kind, ns, rest.split("/", 1)[0]  # a Workload's pod groups are "name/group"
+
+
 @dataclass(frozen=True, slots=True)
 class GroupObject:
     """An API object that says a group's size: kube-scheduler's PodGroup (``scheduling.k8s.io/v1alpha2``: its gang

@@ -12,6 +12,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -19,10 +23,12 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from gpu_tailor.gpumodel.groups import (
     GroupObjects,
+    GroupRef,
     Reader,
     coscheduling_object,
     job_object,
     podgroup_object,
+    sizing_object,
     workload_objects,
 )
 
@@ -36,6 +42,50 @@ SOURCES: tuple[tuple[str, str, str, str, Reader], ...] = (
     ("coscheduling", "scheduling.x-k8s.io", "v1alpha1", "podgroups", coscheduling_object),
     ("job", "batch", "v1", "jobs", job_object),  # an Indexed Job's parallelism
 )
+
+
+GET_TIMEOUT = 3  # seconds a filter waits for a group's object read on the spot
+ABSENT_FOR = 10.0  # seconds an object found absent (or not a group's) is not asked for again
+KEPT_ABSENT = 4096
+
+
+class LiveGroups:
+    """Reads a group's object from the API server on the spot, for a pod that reaches the filter before the watch
+    has delivered the PodGroup, Workload or Job that sizes its group (all are created before their pods, but the watch
+    may lag): without it the pod would be placed as a single pod. The object read is kept as a watch event would keep
+    it; the watch's own events replace it. Kinds not served (no getter) are not asked."""
+
+    def __init__(self, store: GroupObjects, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.getters: dict[str, tuple[Callable[..., Awaitable[Any]], Reader]] = {}  # kind -> (get, reader)
+        self.clock = clock
+        self.asked: OrderedDict[str, float] = OrderedDict()  # object key -> when it was last read and not kept
+
+    async def fetch(self, ref: GroupRef) -> None:
+        want = sizing_object(ref)
+        if want is None or (ref.source or ref.key) in self.store.objects:
+            return
+        kind, namespace, name = want
+        found = self.getters.get(kind)
+        key = ref.source or ref.key
+        if found is None or self.clock() - self.asked.get(key, -math.inf) < ABSENT_FOR:
+            return
+        self.asked[key] = self.clock()
+        self.asked.move_to_end(key)
+        if len(self.asked) > KEPT_ABSENT:
+            self.asked.popitem(last=False)
+        get, read = found
+        try:
+            obj = await get(namespace, name, _request_timeout=GET_TIMEOUT)
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("reading %s %s/%s for its group's size: HTTP %s", kind, namespace, name, exc.status)
+            return
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            log.warning("reading %s %s/%s for its group's size: %s", kind, namespace, name, exc)
+            return
+        if isinstance(obj, dict) and (ref.source or ref.key) not in self.store.objects:  # the watch may have won
+            self.store.apply(kind, read, "ADDED", obj)
 
 
 async def _served(custom: Any, group: str, version: str, plural: str) -> bool:
@@ -52,8 +102,10 @@ async def _served(custom: Any, group: str, version: str, plural: str) -> bool:
     return any(getattr(r, "name", "") == plural for r in resources)
 
 
-async def group_watches(api: Any, store: GroupObjects, recheck: float = RECHECK) -> None:
-    """Keep ``store`` from every group API the server serves (each found when it is served, asked again meanwhile)."""
+async def group_watches(api: Any, store: GroupObjects, recheck: float = RECHECK,
+                        live: LiveGroups | None = None) -> None:
+    """Keep ``store`` from every group API the server serves (each found when it is served, asked again meanwhile);
+    ``live`` is given a getter for each once it is served."""
     from kubernetes_asyncio import client
 
     from gpu_tailor.kube.watch import list_and_watch
@@ -64,6 +116,8 @@ async def group_watches(api: Any, store: GroupObjects, recheck: float = RECHECK)
         while not await _served(custom, group, version, plural):
             await asyncio.sleep(recheck)
         log.info("watching %s (%s/%s): the sizes of the groups of pods that name one", plural, group, version)
+        if live is not None:
+            live.getters[kind] = (functools.partial(custom.get_namespaced_custom_object, group, version, plural), read)
         await list_and_watch(functools.partial(custom.list_cluster_custom_object, group, version, plural),
                              functools.partial(store.reset, kind, read), functools.partial(store.apply, kind, read))
 
