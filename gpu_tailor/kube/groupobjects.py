@@ -76,10 +76,11 @@ class LiveGroups:
             self.asked.popitem(last=False)
         get, read = found
         try:
-            obj = await get(namespace, name, _request_timeout=GET_TIMEOUT)
+            obj = await get(namespace=namespace, name=name, _request_timeout=GET_TIMEOUT)
         except ApiException as exc:
             if exc.status != 404:
-                log.warning("reading %s %s/%s for its group's size: HTTP %s", kind, namespace, name, exc.status)
+                log.warning("reading %s %s/%s for its group's size: HTTP %s: %s", kind, namespace, name, exc.status,
+                            str(exc.body)[:200])
             return
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             log.warning("reading %s %s/%s for its group's size: %s", kind, namespace, name, exc)
@@ -117,7 +118,8 @@ async def group_watches(api: Any, store: GroupObjects, recheck: float = RECHECK,
             await asyncio.sleep(recheck)
         log.info("watching %s (%s/%s): the sizes of the groups of pods that name one", plural, group, version)
         if live is not None:
-            live.getters[kind] = (functools.partial(custom.get_namespaced_custom_object, group, version, plural), read)
+            get = functools.partial(custom.get_namespaced_custom_object, group=group, version=version, plural=plural)
+            live.getters[kind] = (get, read)
         await list_and_watch(functools.partial(custom.list_cluster_custom_object, group, version, plural),
                              functools.partial(store.reset, kind, read), functools.partial(store.apply, kind, read))
 

@@ -34,7 +34,7 @@ class Getter:
     def __init__(self, found: dict[str, Any] | None = None, error: Exception | None = None) -> None:
         self.found, self.error, self.calls = found, error, 0
 
-    async def __call__(self, namespace: str, name: str, **_: Any) -> dict[str, Any]:
+    async def __call__(self, *, namespace: str, name: str, **_: Any) -> dict[str, Any]:
         self.calls += 1
         if self.error is not None:
             raise self.error

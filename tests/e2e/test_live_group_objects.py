@@ -1,0 +1,56 @@
+"""A group's object read on the spot, against a real API server and under the extender's own ServiceAccount (its
+RBAC from manifests/): the getter the group watches register once the API server serves Jobs reads an Indexed Job
+that a store no watch feeds has never seen, and a Job that does not exist is answered as absent, not as an error.
+The extender uses this for a pod that reaches its filter before the watch has brought the object sizing its group."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpu_tailor.gpumodel import labels
+from gpu_tailor.gpumodel.groups import GroupObjects, group_of, resolved
+from gpu_tailor.kube.groupobjects import LiveGroups, group_watches
+from gpu_tailor.kube.watch import watching
+from tests.e2e.kube import Obj, api_path
+from tests.e2e.pods import gpu_pod, unique
+from tests.e2e.services import Stack
+
+pytestmark = pytest.mark.e2e
+
+
+def indexed_job(name: str, parallelism: int) -> Obj:
+    """A suspended Indexed Job: the API holds it, the Job controller makes no pod of it."""
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"completionMode": "Indexed", "completions": parallelism, "parallelism": parallelism,
+                     "suspend": True, "template": {"spec": {"restartPolicy": "Never", "containers": [
+                         {"name": "main", "image": "registry.k8s.io/pause:3.9"}]}}}}
+
+
+def job_pod(job: str, namespace: str) -> Obj:
+    """Index 0 of the Job's pods, as the Job controller labels it."""
+    pod = gpu_pod(f"{job}-0", {labels.GPU_RESOURCE: "4"})
+    pod["metadata"].update(namespace=namespace, labels={labels.JOB_NAME: job},
+                           annotations={labels.JOB_COMPLETION_INDEX: "0"})
+    return pod
+
+
+async def test_an_indexed_job_is_read_on_the_spot_under_the_extenders_rbac(cluster: Stack) -> None:
+    ns, name = cluster.opted_in, unique("sized")
+    cluster.kube.create(api_path("jobs", ns, group="batch/v1"), indexed_job(name, 3))
+    kubeconfig = cluster.extender.argv[cluster.extender.argv.index("--kubeconfig") + 1]
+    watched, unseen = GroupObjects(), GroupObjects()  # the watches feed one; the store read on the spot is apart
+    live = LiveGroups(unseen)
+    async with watching(kubeconfig, False, lambda api: [group_watches(api, watched, live=live)]):
+        async with asyncio.timeout(30):
+            while "job" not in live.getters:  # discovery found batch/v1 jobs served
+                await asyncio.sleep(0.05)
+        ref = group_of(job_pod(name, ns))
+        assert ref is not None and resolved(ref, unseen.objects, ()).size == 0
+        await live.fetch(ref)
+        assert resolved(ref, unseen.objects, ()).size == 3
+        missing = group_of(job_pod(unique("never"), ns))
+        assert missing is not None
+        await live.fetch(missing)  # 404: absent, kept absent
+        assert (missing.source or missing.key) not in unseen.objects and (missing.source or missing.key) in live.asked
