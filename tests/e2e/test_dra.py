@@ -46,28 +46,32 @@ def dry_run(cluster: Stack, pod: Obj) -> Obj:
 
 
 @contextmanager
-def dra_pools(cluster: Stack) -> Iterator[Stack]:
-    """DeviceClasses, three DRA nodes and their slices, the device-plugin nodes cordoned; all undone after (delete
-    the pods bound there first). On a release that serves ``resource.k8s.io/v1`` only."""
+def dra_pools(cluster: Stack, nodes: list[Obj] | None = None, slices: list[Obj] | None = None,
+              probe: dict[str, str] | None = None) -> Iterator[Stack]:
+    """DeviceClasses, DRA nodes and their slices (by default three: an HGX node, one in MIG mode, one that shares
+    T4s), the device-plugin nodes cordoned, until the webhook sends ``probe`` (an ask) to DRA; all undone after
+    (delete the pods bound there first). On a release that serves ``resource.k8s.io/v1`` only."""
     kube = cluster.kube
     made: list[str] = []
+    nodes = [plain_node(n) for n in (HGX, MIG, SHARED)] if nodes is None else nodes
+    slices = [hgx(HGX), h100_mig(MIG), shared_t4(SHARED)] if slices is None else slices
+    probe = {"gpu-tailor.io/gpu-memory": "20Gi"} if probe is None else probe
     try:
         for cls in device_classes():
             made.append(api_path("deviceclasses", name=cls["metadata"]["name"], group=GROUP))
             kube.create(api_path("deviceclasses", group=GROUP), cls)
-        for name in (HGX, MIG, SHARED):
-            made.append(api_path("nodes", name=name))
-            install_node(kube, plain_node(name))
-        for s in (hgx(HGX), h100_mig(MIG), shared_t4(SHARED)):
+        for node in nodes:
+            made.append(api_path("nodes", name=node["metadata"]["name"]))
+            install_node(kube, node)
+        for s in slices:
             made.append(api_path("resourceslices", name=s["metadata"]["name"], group=GROUP))
             kube.create(api_path("resourceslices", group=GROUP), s)
         cordon(cluster, True)
 
         def routed_to_dra() -> bool:  # the webhook has seen the slices and the cordons
-            probe = dry_run(cluster, gpu_pod(unique("probe"), {"gpu-tailor.io/gpu-memory": "20Gi"}))
-            return bool(probe["spec"].get("resourceClaims"))
+            return bool(dry_run(cluster, gpu_pod(unique("probe"), probe))["spec"].get("resourceClaims"))
 
-        wait_for(routed_to_dra, 30, "the webhook to send a 20Gi ask to the DRA pools")
+        wait_for(routed_to_dra, 30, f"the webhook to send {probe} to the DRA pools")
         yield cluster
     finally:
         cordon(cluster, False)

@@ -12,19 +12,18 @@ takes that member's tray; a group no clique holds stays Pending with nothing bou
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
 from gpu_tailor.gpumodel import labels
-from tests.e2e.cluster import Release, install_node
+from tests.e2e.cluster import Release
 from tests.e2e.invariants import pending_reason
-from tests.e2e.kube import Obj, api_path, wait_for
+from tests.e2e.kube import Obj
 from tests.e2e.pods import Pods, gpu_pod, unique
 from tests.e2e.services import Stack
-from tests.e2e.test_dra import GROUP, claim_of, cordon, devices, dry_run
+from tests.e2e.test_dra import GROUP, claim_of, devices, dra_pools
 from tests.e2e.test_gangs import GANG, NO_DOMAIN, Plan, nodes_of, plan_on, refusals, wait_plan
-from tests.gpumodel.dra_slices import H100, device_classes, gpu, plain_node, resource_slice
+from tests.gpumodel.dra_slices import H100, gpu, plain_node, resource_slice
 
 pytestmark = pytest.mark.e2e
 
@@ -45,44 +44,19 @@ def clique_of(node: str) -> str:
 TRAYS = [tray_name(c, i) for c, n in CLIQUES.items() for i in range(n)]
 
 
-@contextmanager
-def dra_trays(cluster: Stack) -> Iterator[Stack]:
-    """DeviceClasses and the eight trays with their slices, the device-plugin nodes cordoned; all undone after."""
-    kube = cluster.kube
-    made: list[str] = []
-    try:
-        for cls in device_classes():
-            made.append(api_path("deviceclasses", name=cls["metadata"]["name"], group=GROUP))
-            kube.create(api_path("deviceclasses", group=GROUP), cls)
-        for name in TRAYS:
-            node = plain_node(name)
-            node["metadata"]["labels"][labels.GPU_CLIQUE] = f"5b2e8c1a-7d3f-4a6b-9c0e-1f2a3b4c5d6e.{clique_of(name)}"
-            made.append(api_path("nodes", name=name))
-            install_node(kube, node)
-            s = resource_slice(name, [gpu(g, H100, 80, f"GPU-{name}-{g}") for g in range(TRAY_GPUS)])
-            made.append(api_path("resourceslices", name=s["metadata"]["name"], group=GROUP))
-            kube.create(api_path("resourceslices", group=GROUP), s)
-        cordon(cluster, True)
-
-        def routed_to_dra() -> bool:  # the webhook has seen the slices and the cordons
-            return bool(dry_run(cluster, gpu_pod(unique("probe"), FOUR))["spec"].get("resourceClaims"))
-
-        wait_for(routed_to_dra, 30, "the webhook to send a 4-GPU ask to the DRA trays")
-        yield cluster
-    finally:
-        cordon(cluster, False)
-        for path in reversed(made):
-            if kube.exists(path):
-                kube.delete(path)
-        for t in kube.list(api_path("resourceclaimtemplates", cluster.opted_in, group=GROUP)):
-            kube.delete(api_path("resourceclaimtemplates", cluster.opted_in, t["metadata"]["name"], group=GROUP))
+def tray_node(name: str) -> Obj:
+    node = plain_node(name)
+    node["metadata"]["labels"][labels.GPU_CLIQUE] = f"5b2e8c1a-7d3f-4a6b-9c0e-1f2a3b4c5d6e.{clique_of(name)}"
+    return node
 
 
 @pytest.fixture
 def trays(cluster: Stack, release: Release) -> Iterator[Stack]:
     if release.minor < 34:
         pytest.skip(f"{release.version} serves no {GROUP} (DRA is GA from 1.34)")
-    with dra_trays(cluster) as ready:
+    nodes = [tray_node(n) for n in TRAYS]
+    slices = [resource_slice(n, [gpu(g, H100, 80, f"GPU-{n}-{g}") for g in range(TRAY_GPUS)]) for n in TRAYS]
+    with dra_pools(cluster, nodes, slices, FOUR) as ready:
         yield ready
 
 
