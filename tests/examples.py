@@ -103,8 +103,12 @@ class Example:
 
     @property
     def replicas(self) -> int:
-        """Pods it makes: one for a Pod, ``replicas`` of a Deployment, ``parallelism`` of a Job."""
+        """Pods it makes at once: one for a Pod, ``replicas`` of a Deployment, ``parallelism`` of a Job, and of a
+        JobSet each replicated Job's ``replicas`` times its Job's ``parallelism``."""
         spec = self.manifest["spec"]
+        if self.kind == "JobSet":
+            return sum(int(r.get("replicas", 1)) * int(r["template"]["spec"].get("parallelism", 1))
+                       for r in spec["replicatedJobs"])
         return int({"Pod": 1, "Deployment": spec.get("replicas", 1), "Job": spec.get("parallelism", 1)}[self.kind])
 
     def pod(self) -> dict[str, Any]:

@@ -13,8 +13,9 @@ A file may hold the object that sizes the group beside its workload: the whole f
 deleted after the pods. For scheduler-plugins' coscheduling PodGroup, a CRD these control planes do not have, the
 module installs a stand-in written for these tests (``coscheduling-podgroup-crd.yaml``).
 
-Not applied here, each skipped with the reason: the JobSet and LeaderWorkerSet examples (no such controller on these
-control planes; ``tests/test_example_groups.py`` makes their pods as those controllers would and reads their groups)
+The JobSet example runs with JobSet's controller beside the control plane (``tests/e2e/jobset.py``), where its binary
+is found. Not applied here, each skipped with the reason: the LeaderWorkerSet example (no such controller on these
+control planes; ``tests/test_example_groups.py`` makes its pods as that controller would and reads its group),
 1.36's PodGroup and 1.35's Workload (served only with alpha feature gates on; ``tests/e2e/test_podgroups.py`` and
 ``test_workloads.py`` apply those examples on such control planes).
 """
@@ -29,6 +30,8 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.cluster import Release
+from tests.e2e.jobset import API as JOBSET_API
+from tests.e2e.jobset import NAME_LABEL, jobset_controller, jobset_home
 from tests.e2e.kube import ApiError, Kube, Obj, api_path, wait_for
 from tests.e2e.pods import Pods
 from tests.e2e.services import Service, Stack, pod_events
@@ -53,8 +56,10 @@ GATED = {"scheduling.k8s.io/v1alpha2": "Kubernetes 1.36's PodGroup is served onl
 
 def not_applied(example: Example) -> str | None:
     """Why the example cannot be applied on the module's control plane, or None."""
-    if example.kind in ("JobSet", "LeaderWorkerSet"):
+    if example.kind == "LeaderWorkerSet":
         return f"{example.path.name}: {NO_CONTROLLER.format(example.kind)}"
+    if example.kind == "JobSet" and jobset_home()[0] is None:
+        return f"{example.path.name}: {jobset_home()[1]}"
     gated = [GATED[d["apiVersion"]] for d in example.extra if d.get("apiVersion") in GATED]
     return f"{example.path.name}: {gated[0]}" if gated else None
 
@@ -111,6 +116,17 @@ def applicable(example: Example, request: pytest.FixtureRequest) -> None:
         pytest.skip(why)
     if any(d.get("apiVersion") == COSCHEDULING for d in example.extra):
         request.getfixturevalue("coscheduling")
+    if example.kind == "JobSet":
+        request.getfixturevalue("jobsets")
+
+
+@pytest.fixture(scope="module")
+def jobsets(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """JobSet's controller running beside the control plane, for the module's JobSet examples."""
+    home, _ = jobset_home()
+    assert home is not None
+    with jobset_controller(stack, home, tmp_path_factory.mktemp("jobset")):
+        yield
 
 
 @pytest.fixture
@@ -153,7 +169,25 @@ def owned_pods(cluster: Stack, example: Example) -> list[Obj]:
         return [cluster.kube.get(api_path("pods", ns, name))]
     if example.kind == "Job":
         return cluster.kube.list(api_path("pods", ns), label_selector=f"job-name={name}")
+    if example.kind == "JobSet":
+        return cluster.kube.list(api_path("pods", ns), label_selector=f"{NAME_LABEL}={name}")
     return cluster.kube.list(api_path("pods", ns), label_selector=selector(example))
+
+
+def child_jobs(cluster: Stack, jobset: str) -> list[Obj]:
+    return cluster.kube.list(api_path("jobs", cluster.opted_in, group="batch/v1"),
+                             label_selector=f"{NAME_LABEL}={jobset}")
+
+
+def stored_limits(cluster: Stack, example: Example) -> dict[str, str]:
+    """The first container's limits in the pod template of the example's workload, as the API stores it."""
+    kind, name = example.kind, example.manifest["metadata"]["name"]
+    group = {"Deployment": "apps/v1", "JobSet": JOBSET_API}.get(kind, "batch/v1")
+    spec = cluster.kube.get(api_path(f"{kind.lower()}s", cluster.opted_in, name, group=group))["spec"]
+    if kind == "JobSet":
+        spec = spec["replicatedJobs"][0]["template"]["spec"]
+    limits: dict[str, str] = spec["template"]["spec"]["containers"][0]["resources"]["limits"]
+    return limits
 
 
 def selector(example: Example) -> str:
@@ -182,6 +216,12 @@ def remove(cluster: Stack, example: Example, pods: Pods) -> None:
             kube.delete(api_path("replicasets", ns, rs["metadata"]["name"], group="apps/v1"), propagation="Orphan")
     elif example.kind == "Job":
         kube.delete(api_path("jobs", ns, name, group="batch/v1"), propagation="Orphan")
+    elif example.kind == "JobSet":  # its child Jobs orphaned, then each of them orphaning its pods
+        kube.delete(api_path("jobsets", ns, name, group=JOBSET_API), propagation="Orphan")
+        wait_for(lambda: not any(j["metadata"].get("ownerReferences") for j in child_jobs(cluster, name)), 30,
+                 f"the Jobs of JobSet {name} orphaned")
+        for job in child_jobs(cluster, name):
+            kube.delete(api_path("jobs", ns, job["metadata"]["name"], group="batch/v1"), propagation="Orphan")
     wait_for(lambda: not any(p["metadata"].get("ownerReferences") for p in owned_pods(cluster, example)), 30,
              f"the pods of {example.kind} {name} orphaned")
     for pod in owned_pods(cluster, example):
@@ -212,10 +252,7 @@ def test_example_is_admitted_rewritten_and_bound_as_its_comment_says(example: Ex
             assert plan.group == example.group.key_in(cluster.opted_in) and plan.size == example.group.size, plan
             assert sorted(plan.nodes) == sorted(p["spec"]["nodeName"] for p in made), plan
         if example.kind != "Pod":  # the controller's own object keeps the portable ask: each new pod is rewritten
-            stored = cluster.kube.get(api_path(f"{example.kind.lower()}s", cluster.opted_in,
-                                               example.manifest["metadata"]["name"],
-                                               group="apps/v1" if example.kind == "Deployment" else "batch/v1"))
-            limits = stored["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+            limits = stored_limits(cluster, example)
             assert any(k.startswith("gpu-tailor.io/") for k in limits), limits
     finally:
         remove(cluster, example, pods)
