@@ -354,9 +354,10 @@ class Cache(Ledger):
             self.groups.gone(uid)
         elif (rec.demand.gpu or _claimed(obj)) and (
                 labels.ANN_GROUP_PLAN in ((obj.get("metadata") or {}).get("annotations") or {})
-                or (rec.node and (self.groups.plans or not rec.demand.gpu))):
-            # a plan written on this pod (bound or not), or a member bound before it; a claim pod bound is noted
-            # while no plan is held too: read back later, a plan on DRA nodes knows its members bound by their node
+                or rec.node):
+            # a plan written on this pod (bound or not), or a member bound before it; a group's pod bound is noted
+            # while no plan is held too: read back later, a plan knows its members bound by their node where their
+            # GPUs do not tell (on DRA nodes a pod's devices say nothing of its group)
             self._restore_plan(obj, rec)
         self._add(rec)
         if record:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -50,11 +50,22 @@ def claim_ladders(dra: DraState, pod: dict[str, Any]) -> claims.Ladders | None:
     annotations = pod["metadata"].get("annotations") or {}
     if not str(annotations.get(labels.ANN_BACKING, "")).startswith("dra:") or not dra.enabled:
         return None
-    ask = from_canonical(str(annotations.get(labels.ANN_ASK, "")))
-    if ask is None:
-        return None
-    planned = claims.ladders_for(ask, ask.isolation, dra.inventory(), tuple(dra.classes))
-    return planned[1] if not isinstance(planned, claims.DraRefusal) else None
+    raw = str(annotations.get(labels.ANN_ASK, ""))
+    # kept with the DRA state until its slices or classes change: filter, prioritize and a group's plan read a claim
+    # pod's rungs several times, and reading them costs more the more pools there are (a few ms at 1,000 DRA nodes)
+    kept = dra.by_layout.get(key := f"rungs:{raw}", dra)
+    if kept is not dra:
+        return cast(claims.Ladders | None, kept)
+    ask = from_canonical(raw)
+    planned = claims.ladders_for(ask, ask.isolation, dra.inventory(), tuple(dra.classes)) if ask is not None else None
+    out = planned[1] if planned is not None and not isinstance(planned, claims.DraRefusal) else None
+    if len(dra.by_layout) >= KEPT_LADDERS:
+        dra.by_layout.clear()
+    dra.by_layout[key] = out
+    return out
+
+
+KEPT_LADDERS = 512  # asks whose rungs are kept per DRA layout
 
 
 def held_free(free: tuple[int, ...], held: Iterable[HeldGpus]) -> tuple[int, ...]:

@@ -171,6 +171,7 @@ class GroupBook:
     mix: gangs.GangMix = field(default_factory=gangs.GangMix)  # the groups planned so far, by size and ask
     # pods of a group seen bound while no plan of it was held (uid -> node): a plan read back later counts them bound
     early: OrderedDict[str, dict[str, str]] = field(default_factory=OrderedDict)
+    early_in: dict[str, str] = field(default_factory=dict)  # uid -> its group key in ``early``
     dra: DraHolds = field(default_factory=DraHolds)  # what reservations on DRA nodes hold there
 
     # ----- the filter -----
@@ -345,6 +346,7 @@ class GroupBook:
             self.settled[key].pop(uid, None)
             if not self.settled[key]:
                 del self.settled[key]
+        self.early.get(self.early_in.pop(uid, ""), {}).pop(uid, None)  # noted bound while no plan was held
         where = self.members.pop(uid, None)
         plan = self.plans.get(where[0]) if where is not None else None
         if plan is not None and where is not None and not plan.slots[where[1]].bound:
@@ -406,6 +408,7 @@ class GroupBook:
             s.bound = bool(node) and s.member == uid
         self._taken(books, [s for s in slots if s.member != uid])
         for seen, where in self.early.pop(ref.key, {}).items():  # bound before the plan was read back, still there
+            self.early_in.pop(seen, None)
             if not any(r.uid == seen for r in (books.on_node.get(where) or {}).values()):
                 continue
             hit = next((s for s in slots if s.node == where and not s.bound and s.member in ("", seen)), None)
@@ -417,9 +420,11 @@ class GroupBook:
 
     def _early(self, key: str, uid: str, node: str) -> None:
         self.early.setdefault(key, {})[uid] = node
+        self.early_in[uid] = key
         self.early.move_to_end(key)
         if len(self.early) > KEPT_GROUPS:
-            self.early.popitem(last=False)
+            for gone in self.early.popitem(last=False)[1]:
+                self.early_in.pop(gone, None)
 
     @staticmethod
     def _taken(books: Books, slots: list[Slot]) -> None:

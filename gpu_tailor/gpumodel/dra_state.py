@@ -34,6 +34,8 @@ class DraState:
     # (version, the nodes whose devices' use it changed, or None: any node may have changed), the last CHANGES of them
     _changes: deque[tuple[int, frozenset[str] | None]] = field(default_factory=lambda: deque(maxlen=CHANGES))
     _free: dict[str, int] = field(default_factory=dict)  # node -> whole GPUs free there (``free_gpus``)
+    # what readers derive from the slices and classes alone (a claim's rungs, by its ask), until the layout changes
+    by_layout: dict[str, Any] = field(default_factory=dict)
 
     KINDS = ("slices", "claims", "classes")
 
@@ -43,6 +45,7 @@ class DraState:
         if nodes is None:
             self.layout += 1
             self._free.clear()
+            self.by_layout.clear()
         else:
             for node in nodes:
                 self._free.pop(node, None)

@@ -82,7 +82,7 @@ class LiveGroups:
                 log.warning("reading %s %s/%s for its group's size: HTTP %s: %s", kind, namespace, name, exc.status,
                             str(exc.body)[:200])
             return
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except Exception as exc:  # never the filter's failure: the pod is then placed as the watch allows
             log.warning("reading %s %s/%s for its group's size: %s", kind, namespace, name, exc)
             return
         if isinstance(obj, dict) and (ref.source or ref.key) not in self.store.objects:  # the watch may have won

@@ -14,13 +14,15 @@ from gpu_tailor.gpumodel.gangs import REQUIRED
 from gpu_tailor.gpumodel.groups import GroupError, group_of
 
 
-def refusal(pod: dict[str, Any], ask: PodAsk, largest_domain: int) -> tuple[int, str] | None:
+def refusal(pod: dict[str, Any], ask: PodAsk, largest_domain: int, plugin_domain: int = 0) -> tuple[int, str] | None:
     """A denial (HTTP code, message) for a pod whose group ask cannot be met, else None. ``largest_domain``: the most
     GPUs one NVLink domain of the cluster has (a clique of nodes, or one node; 0: not known)."""
     try:
         ref = group_of(pod)
     except GroupError as exc:
         return 422, f"group: {exc}"
+    if not ask.virtual and plugin_domain > 0:  # a native ask goes to the device plugin's nodes where they sell GPUs
+        largest_domain = plugin_domain
     if ref is None or ref.size < 2 or ref.domain != REQUIRED or largest_domain <= 0:
         return None
     whole = ask.effective_native.get(labels.GPU_RESOURCE, 0)

@@ -46,9 +46,11 @@ def _deny(message: str, code: int = 403) -> Decision:
 
 
 def decide(request: dict[str, Any], candidates: list[Candidate], policy: AdmissionPolicy,
-           dra: DraState | None = None, dra_nodes: AbstractSet[str] | None = None, largest_domain: int = 0) -> Decision:
+           dra: DraState | None = None, dra_nodes: AbstractSet[str] | None = None, largest_domain: int = 0,
+           plugin_domain: int = 0) -> Decision:
     """``dra``: the DRA pools, where DRA is on; ``dra_nodes``: the nodes that take pods (not cordoned), when known;
-    ``largest_domain``: the most GPUs one NVLink domain has (0: not known)."""
+    ``largest_domain``: the most GPUs one NVLink domain has, DRA's devices counted (0: not known); ``plugin_domain``:
+    the same of the device plugin's GPUs alone."""
     obj = request.get("object")
     kind = request.get("kind")
     operation = request.get("operation", "CREATE")
@@ -93,7 +95,7 @@ def decide(request: dict[str, Any], candidates: list[Candidate], policy: Admissi
         if routed:
             _obj(pod, "spec")["schedulerName"] = policy.schedulerName
         return _allow(obj, pod, warnings, "none")
-    grouped = groups.refusal(obj, ask, largest_domain)
+    grouped = groups.refusal(obj, ask, largest_domain, plugin_domain)
     if grouped is not None:
         return _deny(grouped[1], grouped[0])
     isolation = ask.isolation if labels.ANN_ISOLATION in annotations else policy.defaultIsolation

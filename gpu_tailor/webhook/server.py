@@ -137,7 +137,7 @@ def answer(body: bytes, view: ClusterView) -> Answer:
         return parsed
     raw, review = parsed
     decision = decide(raw["request"], view.candidates(), view.policy, view.dra, view.nodes_taking_pods(),
-                      view.largest_domain())
+                      view.largest_domain(), view.largest_domain(dra=False))
     if decision.allowed and decision.backing not in ("none", "reinvocation") and (age := view.stale()) is not None:
         decision = replace(decision, warnings=(*decision.warnings, stale_warning(age)))
     return Answer(200, orjson.dumps(response(review.request.uid, decision)), decision, review.request.uid,

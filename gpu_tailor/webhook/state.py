@@ -54,7 +54,7 @@ class ClusterView:
         self.freshness: dict[str, Freshness] = {}  # per watched resource, when watches keep the view
         self.dra = DraState(enabled=False)  # DRA pools; on where watches find resource.k8s.io/v1
         self._cache: list[Candidate] | None = None
-        self._largest: int | None = None  # ``largest_domain``, until a node changes (or DRA's slices)
+        self._largest: tuple[int, int] | None = None  # ``largest_domain``, until a node changes (or DRA's slices)
         self._largest_at: tuple[int, int] | None = None  # the DRA state and layout it was counted at
         self._takes_pods: frozenset[str] = frozenset()
         self._declared = [declared_candidate(o) for o in policy.offerings]
@@ -151,24 +151,27 @@ class ClusterView:
             self._takes_pods = frozenset(name for name, inv in self.nodes.items() if not inv.unschedulable)
         return self._cache
 
-    def largest_domain(self) -> int:
+    def largest_domain(self, dra: bool = True) -> int:
         """The most GPUs one NVLink domain has: the nodes sharing a domain label (``schedule.domain_of``), or a node
-        alone. A DRA node's GPUs are the GPU devices its pools publish."""
-        dra = self.dra
-        at = (id(dra), dra.layout) if dra.enabled else None  # slices and classes as they were
+        alone. A DRA node's GPUs are the GPU devices its pools publish; ``dra`` False: the device plugin's alone."""
+        state = self.dra
+        at = (id(state), state.layout) if state.enabled else None  # slices and classes as they were
         if self._largest is None or self._largest_at != at:
             per: dict[str, int] = {}
-            inventory = dra.inventory() if dra.enabled else None
+            plugin: dict[str, int] = {}
+            inventory = state.inventory() if state.enabled else None
             pooled = inventory.nodes() if inventory is not None else set()
             for name, inv in self.nodes.items():
+                key = domain_of(inv.labels) or f"node/{name}"
+                plugin[key] = plugin.get(key, 0) + inv.gpu_count
                 gpus = inv.gpu_count
                 if not gpus and inventory is not None and name in pooled:
                     gpus = sum(1 for p in inventory.on_node(name) for d in p.devices.values()
                                if d.type is DeviceType.GPU)
-                key = domain_of(inv.labels) or f"node/{name}"
                 per[key] = per.get(key, 0) + gpus
-            self._largest, self._largest_at = max(per.values(), default=0), at
-        return self._largest
+            self._largest = (max(per.values(), default=0), max(plugin.values(), default=0))
+            self._largest_at = at
+        return self._largest[0] if dra else self._largest[1]
 
     def nodes_taking_pods(self) -> frozenset[str]:
         """The nodes not cordoned (DRA pools elsewhere are left out of a choice), as of the last change."""

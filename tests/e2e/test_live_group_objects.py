@@ -6,6 +6,7 @@ The extender uses this for a pod that reaches its filter before the watch has br
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -36,7 +37,9 @@ def job_pod(job: str, namespace: str) -> Obj:
     return pod
 
 
-async def test_an_indexed_job_is_read_on_the_spot_under_the_extenders_rbac(cluster: Stack) -> None:
+async def test_an_indexed_job_is_read_on_the_spot_under_the_extenders_rbac(cluster: Stack,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="gpu_tailor.kube.groupobjects")
     ns, name = cluster.opted_in, unique("sized")
     cluster.kube.create(api_path("jobs", ns, group="batch/v1"), indexed_job(name, 3))
     kubeconfig = cluster.extender.argv[cluster.extender.argv.index("--kubeconfig") + 1]
@@ -54,3 +57,5 @@ async def test_an_indexed_job_is_read_on_the_spot_under_the_extenders_rbac(clust
         assert missing is not None
         await live.fetch(missing)  # 404: absent, kept absent
         assert (missing.source or missing.key) not in unseen.objects and (missing.source or missing.key) in live.asked
+    # neither read was refused (a 403 would be logged and leave the store as empty as a 404 does)
+    assert not [r.getMessage() for r in caplog.records if r.name == "gpu_tailor.kube.groupobjects"]

@@ -213,3 +213,23 @@ def test_a_member_bound_before_its_claim_groups_plan_is_read_back_keeps_its_tray
     assert free(again, second.node) == [0, 0, 0, 0]  # its claim's devices, counted once
     bound(again, anchor, first.node)
     assert not again.groups.plans and not again.groups.dra.by_node
+
+
+def test_a_member_of_a_native_dra_group_bound_before_the_plan_is_read_back_keeps_its_gpus() -> None:
+    """The same for a native ask only DRA serves: its pod holds no GPUs gpu-tailor could match to a slot."""
+    group = {labels.ANN_GROUP: "pair", labels.ANN_GROUP_SIZE: "2"}
+    pods = [gpu_pod(f"pair-{i}", 2, annotations=group) for i in range(2)]
+    cache = dra_cache()
+    for pod in pods:
+        assert answer(cache, pod, DRA_NODES) == Answer("dra-h100-hgx-0")
+    (plan,) = cache.groups.plans.values()
+    anchor = copy.deepcopy(pods[0])
+    anchor["metadata"]["annotations"][labels.ANN_GROUP_PLAN] = plan.wire()
+    on_node = copy.deepcopy(pods[1])
+    on_node["spec"]["nodeName"] = "dra-h100-hgx-0"
+    for order in ([on_node, anchor], [anchor, on_node]):
+        again = dra_cache(claims=[held("dra-h100-hgx-0", "gpu-0", "gpu-1")])
+        again.reset_pods(order)
+        # the bound member's two devices are its claim's; only the other member's two are held
+        assert free(again, "dra-h100-hgx-0") == [0, 0, 0, 0, MILLI, MILLI, MILLI, MILLI], order
+        assert sum(len(g) for g, _ in again.groups.dra.on("dra-h100-hgx-0")) == 2

@@ -80,23 +80,49 @@ def test_group_asks_are_checked_at_admission(annotations: dict[str, str], gpus: 
         assert d.code == code and says in d.message
 
 
+def dra_clique(trays: int) -> tuple[ClusterView, list[dict[str, Any]]]:
+    """The fixture nodes and ``trays`` DRA trays of four H100s in one clique, with DRA's slices; and the slices."""
+    nodes = []
+    for i in range(trays):
+        node = plain_node(f"dra-gb-{i}")
+        node["metadata"]["labels"][labels.GPU_CLIQUE] = "uuid.7"
+        nodes.append(node)
+    view = ClusterView(AdmissionPolicy())
+    view.reset([*NODES, *nodes], [])
+    slices = [resource_slice(f"dra-gb-{i}", [gpu(g, H100, 80, f"GPU-{i}-{g}") for g in range(4)])
+              for i in range(trays)]
+    view.dra = DraState()
+    view.dra.reset_slices(slices)
+    view.dra.reset_claims([])
+    view.dra.reset_classes(device_classes())
+    return view, slices
+
+
 def test_a_dra_nodes_gpus_are_the_gpu_devices_its_pools_publish() -> None:
     """DRA trays carry no GPU count label: their clique counts the GPU devices their slices publish, and a slice
     published or withdrawn later changes the count."""
-    trays = []
-    for i in range(4):
-        node = plain_node(f"dra-gb-{i}")
-        node["metadata"]["labels"][labels.GPU_CLIQUE] = "uuid.7"
-        trays.append(node)
-    view = ClusterView(AdmissionPolicy())
-    view.reset([*NODES, *trays], [])
+    view, slices = dra_clique(4)
+    view.dra.enabled = False
     assert view.largest_domain() == LARGEST_NODE  # DRA off: the trays have no GPUs to count
-    state = DraState()
-    slices = [resource_slice(f"dra-gb-{i}", [gpu(g, H100, 80, f"GPU-{i}-{g}") for g in range(4)]) for i in range(4)]
-    state.reset_slices(slices)
-    state.reset_claims([])
-    state.reset_classes(device_classes())
-    view.dra = state
+    view.dra.enabled = True
+    state = view.dra
     assert view.largest_domain() == 16
     state.apply_slice("DELETED", slices[0])
     assert view.largest_domain() == 12
+
+
+def test_a_native_group_is_held_to_the_device_plugins_domains_where_they_sell_gpus() -> None:
+    """Beside a DRA clique of 16 GPUs, a native group that needs 12 GPUs in one domain is refused (its pods go to the
+    device plugin's nodes, the largest of 8), and the same group as a portable ask, which may go to DRA, is not."""
+    view, _ = dra_clique(4)
+    assert (view.largest_domain(), view.largest_domain(dra=False)) == (16, LARGEST_NODE)
+
+    def decided_here(review: dict[str, Any]) -> Any:
+        return decide(review["request"], view.candidates(), view.policy, largest_domain=view.largest_domain(),
+                      plugin_domain=view.largest_domain(dra=False))
+
+    native = decided_here(grouped(ask(3), 4))
+    assert native.code == 403 and "the largest domain here has 8" in native.message
+    portable = grouped(ask(3), 4)
+    portable["request"]["object"]["spec"]["containers"][0]["resources"] = {"limits": {labels.GPU_MILLI: "4000"}}
+    assert decided_here(portable).code != 403
