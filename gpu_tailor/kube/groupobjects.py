@@ -103,6 +103,11 @@ async def _served(custom: Any, group: str, version: str, plural: str) -> bool:
     return any(getattr(r, "name", "") == plural for r in resources)
 
 
+def getter(custom: Any, group: str, version: str, plural: str) -> Callable[..., Awaitable[Any]]:
+    """A GET of one object of a kind (``namespace=``, ``name=``) through ``CustomObjectsApi``."""
+    return functools.partial(custom.get_namespaced_custom_object, group=group, version=version, plural=plural)
+
+
 async def group_watches(api: Any, store: GroupObjects, recheck: float = RECHECK,
                         live: LiveGroups | None = None) -> None:
     """Keep ``store`` from every group API the server serves (each found when it is served, asked again meanwhile);
@@ -118,8 +123,7 @@ async def group_watches(api: Any, store: GroupObjects, recheck: float = RECHECK,
             await asyncio.sleep(recheck)
         log.info("watching %s (%s/%s): the sizes of the groups of pods that name one", plural, group, version)
         if live is not None:
-            get = functools.partial(custom.get_namespaced_custom_object, group=group, version=version, plural=plural)
-            live.getters[kind] = (get, read)
+            live.getters[kind] = (getter(custom, group, version, plural), read)
         await list_and_watch(functools.partial(custom.list_cluster_custom_object, group, version, plural),
                              functools.partial(store.reset, kind, read), functools.partial(store.apply, kind, read))
 

@@ -1,18 +1,18 @@
 """A group's object read on the spot, against a real API server and under the extender's own ServiceAccount (its
-RBAC from manifests/): the getter the group watches register once the API server serves Jobs reads an Indexed Job
-that a store no watch feeds has never seen, and a Job that does not exist is answered as absent, not as an error.
-The extender uses this for a pod that reaches its filter before the watch has brought the object sizing its group."""
+RBAC from manifests/): the getter the group watches give ``LiveGroups`` for Jobs (``kube.groupobjects.getter`` on
+their ``SOURCES`` row) reads an Indexed Job that a store no watch feeds has never seen, and a Job that does not exist
+is answered as absent, not as an error. The extender uses this for a pod that reaches its filter before the watch has
+brought the object sizing its group."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
 
 from gpu_tailor.gpumodel import labels
 from gpu_tailor.gpumodel.groups import GroupObjects, group_of, resolved
-from gpu_tailor.kube.groupobjects import LiveGroups, group_watches
+from gpu_tailor.kube.groupobjects import SOURCES, LiveGroups, getter
 from gpu_tailor.kube.watch import watching
 from tests.e2e.kube import Obj, api_path
 from tests.e2e.pods import gpu_pod, unique
@@ -39,16 +39,19 @@ def job_pod(job: str, namespace: str) -> Obj:
 
 async def test_an_indexed_job_is_read_on_the_spot_under_the_extenders_rbac(cluster: Stack,
                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Jobs' row of the group sources, read with the getter the watches give ``LiveGroups`` once Jobs are served (no
+    watch runs here: a store no watch feeds is the one read into)."""
     caplog.set_level(logging.WARNING, logger="gpu_tailor.kube.groupobjects")
     ns, name = cluster.opted_in, unique("sized")
     cluster.kube.create(api_path("jobs", ns, group="batch/v1"), indexed_job(name, 3))
     kubeconfig = cluster.extender.argv[cluster.extender.argv.index("--kubeconfig") + 1]
-    watched, unseen = GroupObjects(), GroupObjects()  # the watches feed one; the store read on the spot is apart
+    unseen = GroupObjects()
     live = LiveGroups(unseen)
-    async with watching(kubeconfig, False, lambda api: [group_watches(api, watched, live=live)]):
-        async with asyncio.timeout(30):
-            while "job" not in live.getters:  # discovery found batch/v1 jobs served
-                await asyncio.sleep(0.05)
+    async with watching(kubeconfig, False, lambda api: []) as api:
+        from kubernetes_asyncio import client
+
+        (row,) = [s for s in SOURCES if s[0] == "job"]
+        live.getters["job"] = (getter(client.CustomObjectsApi(api), *row[1:4]), row[4])
         ref = group_of(job_pod(name, ns))
         assert ref is not None and resolved(ref, unseen.objects, ()).size == 0
         await live.fetch(ref)
