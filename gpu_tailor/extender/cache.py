@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-from gpu_tailor.extender.draholds import claim_ladders, held_free
+from gpu_tailor.extender.draholds import claim_ladders, claimed, held_free
 from gpu_tailor.extender.gangbook import Answer, GroupBook, reserved
 from gpu_tailor.extender.ledger import REPORT_STALE, Ledger
 from gpu_tailor.extender.records import (
@@ -86,11 +86,6 @@ ASSUMED_TTL = 30.0  # seconds an accepted Binding may go unseen by the watch bef
 SCORED_TTL = 10.0
 KEPT_PENDING = 512  # pods asked about and not yet seen by the watch (least recently asked dropped first)
 KEPT_DELETED = 4096  # uids of deleted pods kept: a request about one after its deletion counts nothing
-
-
-def _claimed(pod: dict[str, Any]) -> bool:
-    """Whether the webhook sent the pod's GPUs to DRA pools (its claim is the allocator's to fill)."""
-    return str(((pod.get("metadata") or {}).get("annotations") or {}).get(labels.ANN_BACKING, "")).startswith("dra:")
 
 
 class Cache(Ledger):
@@ -352,7 +347,7 @@ class Cache(Ledger):
             self.groups.bound(self, uid, rec.node)
         elif not rec.node and not waiting(obj) and uid in self.groups.settled_in:  # a member finished
             self.groups.gone(uid)
-        elif (rec.demand.gpu or _claimed(obj)) and (
+        elif (rec.demand.gpu or claimed(obj)) and (
                 labels.ANN_GROUP_PLAN in ((obj.get("metadata") or {}).get("annotations") or {})
                 or rec.node):
             # a plan written on this pod (bound or not), or a member bound before it; a group's pod bound is noted
@@ -366,7 +361,7 @@ class Cache(Ledger):
 
     def group_ref(self, pod: dict[str, Any], demand: Demand) -> GroupRef | None:
         """The group a GPU pod names, as it names it (None for any other pod, or a group ask that cannot be read)."""
-        if not demand.gpu and not _claimed(pod):
+        if not demand.gpu and not claimed(pod):
             return None
         try:
             return group_of(pod)
@@ -378,7 +373,7 @@ class Cache(Ledger):
         first where no plan is held (``GroupBook.answer``), or why none; None for any other pod. A GPU pod is one
         with a native ask, or with a claim on DRA pools of whole GPUs or of a share of one (a claim of MIG devices is
         left to kube-scheduler's allocator pod by pod)."""
-        if not self.ready or (not demand.gpu and not _claimed(pod)):
+        if not self.ready or (not demand.gpu and not claimed(pod)):
             return None
         try:
             ref = group_of(pod)

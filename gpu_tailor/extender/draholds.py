@@ -44,13 +44,17 @@ class DraHolds:
         return (self.by_node.get(node) or {}).values()
 
 
+def claimed(pod: dict[str, Any]) -> bool:
+    """Whether the webhook sent the pod's GPUs to DRA pools (backing ``dra:...``: its claim is the allocator's)."""
+    return str(((pod.get("metadata") or {}).get("annotations") or {}).get(labels.ANN_BACKING, "")).startswith("dra:")
+
+
 def claim_ladders(dra: DraState, pod: dict[str, Any]) -> claims.Ladders | None:
-    """The rungs of a pod the webhook sent to DRA pools (backing ``dra:...``), from its ask annotation; None for
-    any other pod."""
-    annotations = pod["metadata"].get("annotations") or {}
-    if not str(annotations.get(labels.ANN_BACKING, "")).startswith("dra:") or not dra.enabled:
+    """The rungs of a pod the webhook sent to DRA pools (``claimed``), from its ask annotation; None for any other
+    pod."""
+    if not dra.enabled or not claimed(pod):
         return None
-    raw = str(annotations.get(labels.ANN_ASK, ""))
+    raw = str((pod["metadata"].get("annotations") or {}).get(labels.ANN_ASK, ""))
     # kept with the DRA state until its slices or classes change: filter, prioritize and a group's plan read a claim
     # pod's rungs several times, and reading them costs more the more pools there are (a few ms at 1,000 DRA nodes)
     kept = dra.by_layout.get(key := f"rungs:{raw}", dra)
